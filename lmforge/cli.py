@@ -1,0 +1,247 @@
+"""The `lmforge` command: parse arguments, then call one stage function.
+
+User errors (LmforgeError) print as one line on stderr with exit code 2; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from lmforge.errors import LmforgeError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except LmforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmforge",
+        description="A complete LLM system: data, tokenizer, training, evaluation, inference.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser(
+        "speedrun",
+        help="raw text to a trained, evaluated model and report.md, end to end",
+        description="Documents → dedup → tokenizer → shards → pretraining → eval → samples → "
+        "report, into one run folder; stages already done there are reused.",
+    )
+    _config_options(p)
+    p.add_argument("--minutes", type=float, help="training time budget (default: the preset's)")
+    p.add_argument(
+        "--data",
+        help=".txt file, folder of .txt/.jsonl, or JSONL with 'text' "
+        "(default: the Python standard library's source)",
+    )
+    _run_options(p)
+    p.set_defaults(func=cmd_speedrun)
+
+    tokenizer = commands.add_parser("tokenizer", help="tokenizer commands")
+    tok_commands = tokenizer.add_subparsers(
+        dest="tokenizer_command", required=True, metavar="COMMAND"
+    )
+    p = tok_commands.add_parser("train", help="train a byte-level BPE tokenizer")
+    p.add_argument(
+        "--input", nargs="+", required=True, metavar="PATH", help="text/JSONL files or folders"
+    )
+    p.add_argument(
+        "--vocab-size", type=int, default=4096, help="total vocabulary incl. special tokens"
+    )
+    p.add_argument(
+        "--special-token",
+        action="append",
+        metavar="TOKEN",
+        help="special token (repeatable; default <|endoftext|>)",
+    )
+    p.add_argument("--pattern", default="gpt2", help="pre-tokenization regex: gpt2 or gpt4")
+    p.add_argument("--out", required=True, help="tokenizer folder to write")
+    p.set_defaults(func=cmd_tokenizer_train)
+
+    p = commands.add_parser("tokenize", help="encode documents into train/val token shards")
+    p.add_argument("--tokenizer", required=True, help="tokenizer folder")
+    p.add_argument(
+        "--input", nargs="+", required=True, metavar="PATH", help="text/JSONL files or folders"
+    )
+    p.add_argument("--out", required=True, help="shard folder to write")
+    p.add_argument(
+        "--val-fraction", type=float, default=0.01, help="documents held out (by id hash)"
+    )
+    p.add_argument("--workers", type=int, default=0, help="encoding processes (0: all cores)")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = commands.add_parser("train", help="pretrain a model")
+    _config_options(p)
+    p.add_argument(
+        "--data",
+        help="token shard folder, or raw data as for speedrun "
+        "(default: the built-in corpus, prepared once into a cache)",
+    )
+    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides the time budget)")
+    p.add_argument("--minutes", type=float, help="training time budget")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--device", help="cpu, cuda, mps or auto")
+    _run_options(p)
+    p.set_defaults(func=cmd_train)
+
+    p = commands.add_parser("generate", help="complete a prompt with a trained model")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, help="random seed for reproducible samples")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    p.set_defaults(func=cmd_generate)
+
+    p = commands.add_parser("eval", help="validation loss and bits per byte of a checkpoint")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument(
+        "--data",
+        help="token shard folder (its val shard) or raw data "
+        "(its held-out split; default: the built-in corpus)",
+    )
+    p.add_argument("--max-batches", type=int, default=64, help="evaluation batches of 8 windows")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def _config_options(p: argparse.ArgumentParser) -> None:
+    from lmforge.config import PRESETS
+
+    p.add_argument(
+        "--preset",
+        choices=None,
+        metavar="NAME",
+        help=f"starting config: {', '.join(PRESETS)} (default: small)",
+    )
+    p.add_argument("--config", metavar="FILE.toml", help="TOML file applied over the preset")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. train.lr=1e-3 (repeatable)",
+    )
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="RUN_DIR", help="run folder (default: runs/NAME)")
+    p.add_argument("--fresh", action="store_true", help="delete the run folder and start over")
+
+
+def _load_config(args: argparse.Namespace):
+    from lmforge.config import load_config
+
+    cfg = load_config(args.preset, args.config, args.set)
+    train = cfg.train
+    if getattr(args, "minutes", None) is not None:
+        train = dataclasses.replace(train, minutes=args.minutes, max_steps=0)
+    if getattr(args, "max_steps", None) is not None:
+        train = dataclasses.replace(train, max_steps=args.max_steps)
+    if getattr(args, "seed", None) is not None:
+        train = dataclasses.replace(train, seed=args.seed)
+    if getattr(args, "device", None) is not None:
+        train = dataclasses.replace(train, device=args.device)
+    return dataclasses.replace(cfg, train=train)
+
+
+def _with_data(cfg, path: str):
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path))
+
+
+def cmd_speedrun(args: argparse.Namespace) -> int:
+    from lmforge.speedrun import speedrun
+
+    cfg = _load_config(args)
+    if args.data:
+        cfg = _with_data(cfg, args.data)
+    report = speedrun(cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh)
+    print(f"done: {report}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lmforge.speedrun import pretrain
+
+    cfg = _load_config(args)
+    shard_dir = None
+    if args.data and (Path(args.data) / "meta.json").exists():
+        shard_dir = args.data
+    elif args.data:
+        cfg = _with_data(cfg, args.data)
+    result, _ = pretrain(cfg, args.out or Path("runs") / cfg.name, args.fresh, shard_dir)
+    print(
+        f"done: step {result.step}, val loss {result.final_eval.loss:.4f}, "
+        f"{result.final_eval.bpb:.4f} bits/byte; checkpoint {result.checkpoint}"
+    )
+    return 0
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    from lmforge.prepare import TokenizerConfig, train_tokenizer
+
+    specials = args.special_token or ["<|endoftext|>"]
+    tok = TokenizerConfig(vocab_size=args.vocab_size, pattern=args.pattern, special_tokens=specials)
+    tokenizer = train_tokenizer(args.input, tok, args.out)
+    print(f"tokenizer: vocab {tokenizer.vocab_size} written to {args.out}")
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from lmforge.prepare import DataConfig, tokenize_inputs
+
+    data = DataConfig(val_fraction=args.val_fraction, workers=args.workers)
+    meta = tokenize_inputs(args.tokenizer, args.input, args.out, data)
+    counts = ", ".join(f"{name} {s['tokens']:,} tokens" for name, s in meta.shards.items())
+    print(f"shards: {counts} in {args.out}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from lmforge.infer import stream_text
+    from lmforge.train.checkpoint import load_checkpoint
+
+    model, tokenizer = load_checkpoint(args.checkpoint, args.device)
+    sys.stdout.write(args.prompt)
+    for piece in stream_text(
+        model,
+        tokenizer,
+        args.prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    ):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from lmforge.eval.run import evaluate_checkpoint
+
+    result = evaluate_checkpoint(
+        args.checkpoint, args.data, max_batches=args.max_batches, device=args.device
+    )
+    print(
+        f"val loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte "
+        f"({result.tokens:,} tokens, {result.bytes:,} bytes)"
+    )
+    return 0

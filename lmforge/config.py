@@ -1,0 +1,227 @@
+"""Run configuration: one dataclass per section, named presets, TOML files and `--set` overrides.
+
+Each section's dataclass lives beside the code it configures (`ModelConfig` in model/,
+`TrainConfig` in train/, `DataConfig` and `TokenizerConfig` in prepare.py); this module only
+composes them into a `RunConfig`, names the presets, and reads and writes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from lmforge.errors import LmforgeError
+from lmforge.model import ModelConfig
+from lmforge.prepare import DataConfig, TokenizerConfig
+from lmforge.train import TrainConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+@dataclass
+class RunConfig:
+    name: str = "small"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def tiny() -> RunConfig:
+    """Seconds on a CPU: for tests and smoke runs."""
+    return RunConfig(
+        name="tiny",
+        model=ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=64),
+        tokenizer=TokenizerConfig(vocab_size=512, train_bytes=2_000_000),
+        train=TrainConfig(
+            batch_size=8,
+            seq_len=64,
+            lr=3e-3,
+            warmup_steps=10,
+            max_steps=100,
+            eval_every=50,
+            eval_batches=4,
+            log_every=10,
+        ),
+    )
+
+
+def small() -> RunConfig:
+    """The speedrun default: about ten minutes end to end on two CPU cores."""
+    return RunConfig(
+        name="small",
+        model=ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, max_seq_len=256),
+        tokenizer=TokenizerConfig(vocab_size=4096, train_bytes=8_000_000),
+        train=TrainConfig(
+            batch_size=16,
+            seq_len=256,
+            lr=3e-3,
+            warmup_steps=50,
+            minutes=7.0,
+            eval_every=100,
+            eval_batches=16,
+            log_every=10,
+            checkpoint_every=200,
+        ),
+    )
+
+
+def gpt2_124m() -> RunConfig:
+    """GPT-2 small's shape (124M parameters with GPT-2's vocabulary): a GPU run."""
+    return RunConfig(
+        name="gpt2-124m",
+        model=ModelConfig(vocab_size=50304, d_model=768, n_layers=12, n_heads=12, max_seq_len=1024),
+        tokenizer=TokenizerConfig(vocab_size=50257),
+        train=TrainConfig(
+            batch_size=32,
+            seq_len=1024,
+            grad_accum_steps=16,
+            lr=6e-4,
+            warmup_steps=700,
+            max_steps=19073,
+            eval_every=250,
+            eval_batches=20,
+            log_every=10,
+            checkpoint_every=1000,
+        ),
+    )
+
+
+PRESETS = {"tiny": tiny, "small": small, "gpt2-124m": gpt2_124m}
+
+
+def preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise LmforgeError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+def load_config(
+    preset_name: str | None = None, path: str | Path | None = None, overrides: list[str] = ()
+) -> RunConfig:
+    """Preset (default `small`), then the TOML file, then `section.key=value` overrides."""
+    cfg = preset(preset_name or "small")
+    if path is not None:
+        cfg = apply_dict(cfg, read_toml(path), source=str(path))
+    for item in overrides:
+        cfg = apply_override(cfg, item)
+    return cfg
+
+
+def read_toml(path: str | Path) -> dict:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise LmforgeError(f"config file {path} does not exist: check the path") from e
+    except tomllib.TOMLDecodeError as e:
+        raise LmforgeError(f"config file {path} is not valid TOML: {e}") from e
+
+
+def apply_dict(cfg: RunConfig, values: dict, source: str = "config") -> RunConfig:
+    """A copy of `cfg` with `values` (nested like the TOML file) applied; unknown keys rejected."""
+    updates: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "name":
+            updates["name"] = str(value)
+            continue
+        section = _section(cfg, key, source)
+        if not isinstance(value, dict):
+            raise LmforgeError(f"{source}: [{key}] must be a table of settings")
+        fields = {f.name: f for f in dataclasses.fields(section)}
+        hints = typing.get_type_hints(type(section))
+        changes = {}
+        for name, v in value.items():
+            if name not in fields:
+                raise LmforgeError(
+                    f"{source}: unknown key {key}.{name}; valid keys: {', '.join(fields)}"
+                )
+            changes[name] = _coerce(v, hints[name], f"{key}.{name}", source)
+        updates[key] = dataclasses.replace(section, **changes)
+    return dataclasses.replace(cfg, **updates)
+
+
+def apply_override(cfg: RunConfig, item: str) -> RunConfig:
+    """Apply one `section.key=value`; the value is read as TOML (`3`, `1e-3`, `true`, `"x"`)."""
+    dotted, sep, raw = item.partition("=")
+    section, dot, key = dotted.strip().partition(".")
+    if not sep or not dot:
+        raise LmforgeError(
+            f"--set {item!r} is not of the form section.key=value (e.g. train.lr=1e-3)"
+        )
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word is a string
+    return apply_dict(cfg, {section: {key: value}}, source="--set")
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_toml(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config (None values are left out: they mean 'the default')."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(config_text(cfg))
+    os.replace(tmp, path)
+
+
+def config_text(cfg: RunConfig) -> str:
+    return tomli_w.dumps(_drop_none(to_dict(cfg)))
+
+
+def claim_run_dir(cfg: RunConfig, out: str | Path, fresh: bool) -> None:
+    """Start over (`fresh`), resume a run of the same config, or refuse to mix two configs."""
+    out = Path(out)
+    config_path = out / "config.toml"
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    if config_path.exists():
+        if config_path.read_text() != config_text(cfg):
+            raise LmforgeError(
+                f"{out} holds a run with another config: pass --fresh to start over there, "
+                "or --out for a new run folder"
+            )
+        print(f"resuming the run in {out}")
+    save_toml(cfg, config_path)
+
+
+def _section(cfg: RunConfig, key: str, source: str) -> Any:
+    sections = [f.name for f in dataclasses.fields(cfg) if f.name != "name"]
+    if key not in sections:
+        raise LmforgeError(
+            f"{source}: unknown section {key!r}; valid sections: {', '.join(sections)}"
+        )
+    return getattr(cfg, key)
+
+
+def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    allowed = typing.get_args(hint) or (hint,)
+    if value in ("none", "None") and type(None) in allowed:
+        return None
+    origin = [typing.get_origin(a) or a for a in allowed]
+    if float in origin and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in origin):
+        return value
+    names = " or ".join(getattr(t, "__name__", str(t)) for t in origin)
+    raise LmforgeError(f"{source}: {key} must be {names}, got {value!r}")
+
+
+def _drop_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    return obj

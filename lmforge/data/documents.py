@@ -1,0 +1,134 @@
+"""Reading raw documents: the built-in stdlib corpus, .txt files, JSONL files, and folders of them.
+
+A document is `{"id", "text", "meta"}` (DESIGN.md, "Documents"). Readers are generators holding
+one file in memory at a time; files that are not UTF-8 are skipped, counted and warned about once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmforge.errors import LmforgeError
+
+TXT_CHUNK_BYTES = 32 * 1024
+"""A .txt file is cut into documents of about this size at line boundaries, so one big
+file (a book, a dump) still yields many documents for deduplication and the validation split."""
+
+
+@dataclass
+class Document:
+    id: str
+    text: str
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "text": self.text, "meta": self.meta}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Document:
+        obj = json.loads(line)
+        return cls(id=obj["id"], text=obj["text"], meta=obj.get("meta", {}))
+
+
+@dataclass
+class ReadStats:
+    files: int = 0
+    skipped_not_utf8: int = 0
+    documents: int = 0
+    bytes: int = 0
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_documents(stats: ReadStats | None = None) -> Iterator[Document]:
+    """One document per .py file of the running interpreter's standard library."""
+    root = stdlib_root()
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for path in files:
+        text = _read_utf8(path, stats)
+        if text:
+            rel = path.relative_to(root).as_posix()
+            yield _counted(Document(f"stdlib/{rel}", text, {"source": f"python{version}"}), stats)
+
+
+def read_documents(path: str | Path, stats: ReadStats | None = None) -> Iterator[Document]:
+    """Documents from a .txt file, a JSONL file (`text` field), or a folder of .txt/.jsonl files."""
+    root = Path(path)
+    if not root.exists():
+        raise LmforgeError(f"data path {root} does not exist: pass an existing file or folder")
+    files = sorted(_data_files(root)) if root.is_dir() else [root]
+    if not files:
+        raise LmforgeError(f"folder {root} holds no .txt or .jsonl files: add some or pass a file")
+    for file in files:
+        if file.suffix == ".jsonl":
+            yield from _jsonl_documents(file, stats)
+        else:
+            yield from _txt_documents(file, stats)
+
+
+def _data_files(folder: Path) -> Iterable[Path]:
+    return (p for p in folder.rglob("*") if p.is_file() and p.suffix in (".txt", ".jsonl"))
+
+
+def _read_utf8(path: Path, stats: ReadStats | None) -> str | None:
+    if stats is not None:
+        stats.files += 1
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        if stats is not None:
+            if stats.skipped_not_utf8 == 0:
+                print(f"warning: skipping {path}: not UTF-8 (more are counted)", file=sys.stderr)
+            stats.skipped_not_utf8 += 1
+        return None
+
+
+def _counted(doc: Document, stats: ReadStats | None) -> Document:
+    if stats is not None:
+        stats.documents += 1
+        stats.bytes += len(doc.text.encode("utf-8"))
+    return doc
+
+
+def _txt_documents(path: Path, stats: ReadStats | None) -> Iterator[Document]:
+    text = _read_utf8(path, stats)
+    if not text:
+        return
+    chunk: list[str] = []
+    size = 0
+    index = 0
+    for line in text.splitlines(keepends=True):
+        chunk.append(line)
+        size += len(line)
+        if size >= TXT_CHUNK_BYTES:
+            yield _counted(Document(f"{path}#{index}", "".join(chunk)), stats)
+            chunk, size, index = [], 0, index + 1
+    if chunk:
+        yield _counted(Document(f"{path}#{index}", "".join(chunk)), stats)
+
+
+def _jsonl_documents(path: Path, stats: ReadStats | None) -> Iterator[Document]:
+    text = _read_utf8(path, stats)
+    if text is None:
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            body = obj["text"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise LmforgeError(
+                f"{path}:{number} is not a JSON object with a 'text' field: fix or remove that line"
+            ) from e
+        if isinstance(body, str) and body:
+            doc_id = str(obj.get("id", f"{path}:{number}"))
+            yield _counted(Document(doc_id, body, obj.get("meta", {})), stats)

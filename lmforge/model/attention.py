@@ -1,0 +1,67 @@
+"""Causal self-attention with grouped-query heads, RoPE and an optional KV cache."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.model.layers import Linear
+from lmforge.model.rope import apply_rope
+
+if TYPE_CHECKING:
+    from lmforge.infer.kv_cache import KVCache
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0
+) -> torch.Tensor:
+    """Attention of T queries at positions start.. over keys at positions 0 .. start+T-1.
+
+    q is (B, H, T, D); k, v are (B, H_kv, start+T, D) with H_kv dividing H.
+    """
+    t, s = q.shape[-2], k.shape[-2]
+    gqa = q.shape[1] != k.shape[1]
+    if t == 1:  # a single newest query may see every key
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    # is_causal aligns the mask to the top-left corner, which is wrong once start > 0.
+    mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=start)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+class Attention(nn.Module):
+    """Projects to q, k, v heads, rotates q and k, attends causally and projects back."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, layer_idx: int = 0) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.layer_idx = layer_idx  # which of the KV cache's layers this one reads and writes
+        self.q_proj = Linear(d_model, n_heads * self.head_dim)
+        self.k_proj = Linear(d_model, n_kv_heads * self.head_dim)
+        self.v_proj = Linear(d_model, n_kv_heads * self.head_dim)
+        self.o_proj = Linear(n_heads * self.head_dim, d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        start = 0
+        if kv_cache is not None:
+            start = kv_cache.pos
+            k, v = kv_cache.update(self.layer_idx, k, v)
+        y = causal_attention(q, k, v, start)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))

@@ -1,0 +1,143 @@
+"""The Llama-style decoder: ModelConfig and the Transformer built from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.model.attention import Attention
+from lmforge.model.layers import Embedding, Linear, RMSNorm, SwiGLU
+from lmforge.model.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from lmforge.infer.kv_cache import KVCache
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
+    d_ff: int | None = None  # None: 8/3 · d_model rounded up to a multiple of 64
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        return -(-8 * self.d_model // (3 * 64)) * 64
+
+    def validate(self) -> None:
+        sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len")
+        for name in (*sizes, "n_kv_heads", "d_ff"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise LmforgeError(f"model.{name} is {value}: set it to a positive integer")
+        for name in ("rope_theta", "norm_eps"):
+            if not getattr(self, name) > 0:
+                raise LmforgeError(f"model.{name} is {getattr(self, name)}: set it above 0")
+        if self.d_model % self.n_heads:
+            raise LmforgeError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "
+                "pick n_heads dividing d_model"
+            )
+        if self.n_heads % self.kv_heads:
+            raise LmforgeError(
+                f"model.n_heads={self.n_heads} is not divisible by "
+                f"model.n_kv_heads={self.kv_heads}: pick n_kv_heads dividing n_heads"
+            )
+        if self.head_dim % 2:
+            raise LmforgeError(
+                f"head_dim = d_model / n_heads = {self.head_dim} is odd but RoPE needs it even: "
+                "change d_model or n_heads"
+            )
+
+
+class Block(nn.Module):
+    """One pre-norm residual block: x + attn(norm x), then x + mlp(norm x)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config.d_model, config.n_heads, config.kv_heads, layer_idx)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = SwiGLU(config.d_model, config.ffn_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """Token embedding, n_layers blocks, a final RMSNorm and the output head."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.tok_embeddings = Embedding(config.vocab_size, config.d_model)
+        self.rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.output = Linear(config.d_model, config.vocab_size)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, ids: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given."""
+        b, t = ids.shape
+        start = 0 if kv_cache is None else kv_cache.pos
+        if start + t > self.config.max_seq_len:
+            raise LmforgeError(
+                f"sequence of {start + t} tokens exceeds model.max_seq_len="
+                f"{self.config.max_seq_len}: pass shorter inputs or raise max_seq_len"
+            )
+        if kv_cache is not None:
+            kv_cache.check_fits(b, t)
+        h = self.tok_embeddings(ids)
+        cos, sin = self.rope(start, t)
+        for layer in self.layers:
+            h = layer(h, cos, sin, kv_cache)
+        logits = self.output(self.norm(h))
+        if kv_cache is not None:
+            kv_cache.advance(t)  # only now: every layer wrote its K/V at the same position
+        return logits
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count; exclude_embeddings drops the input lookup table.
+
+        A tied output head shares that table and still counts, since its matmul costs FLOPs.
+        """
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings and not self.config.tie_embeddings:
+            n -= self.tok_embeddings.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per weight plus attention's 12 · layers · d_model · T."""
+        c = self.config
+        n = self.num_params(exclude_embeddings=True)
+        return 6.0 * n + 12.0 * c.n_layers * c.d_model * seq_len

@@ -1,0 +1,210 @@
+"""Corpus preparation: documents → exact dedup → train/val split → BPE tokenizer → token shards.
+
+Each stage writes into its own folder of a preparation directory and is skipped when its output
+is already there, so an interrupted run resumes where it stopped:
+
+    data/{train,val}.jsonl, data/stats.json    documents after dedup, split by id hash
+    tokenizer/                                 the trained tokenizer
+    tokens/{train,val}.{bin,idx}, meta.json    token shards
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmforge.data import (
+    Document,
+    ExactDedup,
+    ReadStats,
+    is_validation,
+    read_documents,
+    read_jsonl,
+    split_score,
+    stdlib_documents,
+    write_jsonl,
+)
+from lmforge.errors import LmforgeError
+from lmforge.progress import bar
+from lmforge.tokenizer import PATTERNS, Tokenizer, train_bpe
+from lmforge.tokens import ShardMeta, read_meta
+from lmforge.tokens.encode import tokenize_splits
+
+
+@dataclass
+class DataConfig:
+    path: str = ""  # empty: the Python standard library's source
+    val_fraction: float = 0.01
+    workers: int = 0  # 0: all cores
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 4096
+    pattern: str = "gpt2"
+    special_tokens: list[str] = field(default_factory=lambda: ["<|endoftext|>"])
+    train_bytes: int = 0  # 0: all training documents; else the first N bytes of them
+
+
+@dataclass
+class Prepared:
+    root: Path
+    stats: dict
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def shard_dir(self) -> Path:
+        return self.root / "tokens"
+
+
+def prepare_corpus(data: DataConfig, tok: TokenizerConfig, root: str | Path) -> Prepared:
+    """Run (or reuse) every preparation stage under `root`."""
+    root = Path(root)
+    stats = prepare_documents(data, root / "data")
+    tokenizer = prepare_tokenizer(tok, root / "data" / "train.jsonl", root / "tokenizer")
+    meta = prepare_shards(tokenizer, root / "data", root / "tokens", data.workers or None)
+    stats["tokens"] = {name: s["tokens"] for name, s in meta.shards.items()}
+    return Prepared(root, stats)
+
+
+def prepare_documents(data: DataConfig, out: Path) -> dict:
+    """Read, deduplicate and split documents into `out/{train,val}.jsonl`; returns the stats."""
+    stats_path = out / "stats.json"
+    if stats_path.exists():
+        print(f"documents: reusing {out}")
+        return json.loads(stats_path.read_text())
+    read = ReadStats()
+    source = read_documents(data.path, read) if data.path else stdlib_documents(read)
+    dedup = ExactDedup()
+    docs = bar(dedup(source), desc="documents", unit="doc")
+    val: list[Document] = []
+    first_train: list[Document] = []  # the lowest-scoring train doc, in case val ends up empty
+
+    def train_docs() -> Iterator[Document]:
+        for doc in docs:
+            if is_validation(doc.id, data.val_fraction):
+                val.append(doc)
+                continue
+            if not first_train or split_score(doc.id) < split_score(first_train[0].id):
+                first_train[:] = [doc]
+            yield doc
+
+    n_train = write_jsonl(out / "train.jsonl", train_docs())
+    if not val and n_train > 1:
+        moved = first_train[0]
+        val.append(moved)
+        n_train = write_jsonl(
+            out / "train.jsonl", (d for d in read_jsonl(out / "train.jsonl") if d.id != moved.id)
+        )
+    if read.documents == 0:
+        where = data.path or "the standard library"
+        raise LmforgeError(f"no readable text found in {where}: pass UTF-8 .txt or .jsonl data")
+    if n_train == 0:
+        raise LmforgeError(
+            f"only {read.documents - dedup.removed} distinct document(s): "
+            "a validation split needs at least two; add data"
+        )
+    write_jsonl(out / "val.jsonl", val)
+    stats = {
+        "source": data.path or "python-stdlib",
+        "files": read.files,
+        "skipped_not_utf8": read.skipped_not_utf8,
+        "documents_in": read.documents,
+        "bytes_in": read.bytes,
+        "duplicates_removed": dedup.removed,
+        "documents": {"train": n_train, "val": len(val)},
+    }
+    _write_json(stats_path, stats)
+    print(
+        f"documents: {read.documents} read, {dedup.removed} duplicates removed, "
+        f"{n_train} train / {len(val)} val"
+    )
+    return stats
+
+
+def prepare_tokenizer(tok: TokenizerConfig, train_jsonl: Path, out: Path) -> Tokenizer:
+    if out.exists():
+        print(f"tokenizer: reusing {out}")
+        return Tokenizer.load(out)
+    tokenizer = train_tokenizer([str(train_jsonl)], tok, out)
+    print(f"tokenizer: vocab {tokenizer.vocab_size} saved to {out}")
+    return tokenizer
+
+
+def prepare_shards(
+    tokenizer: Tokenizer, docs_dir: Path, out: Path, workers: int | None
+) -> ShardMeta:
+    if (out / "meta.json").exists():
+        meta = read_meta(out)
+        if meta.tokenizer_fingerprint == tokenizer.fingerprint():
+            print(f"tokens: reusing {out}")
+            return meta
+    splits = {
+        name: (doc.text for doc in read_jsonl(docs_dir / f"{name}.jsonl"))
+        for name in ("train", "val")
+    }
+    meta = tokenize_splits(tokenizer, splits, out, workers)
+    print(f"tokens: {meta.shards['train']['tokens']} train / {meta.shards['val']['tokens']} val")
+    return meta
+
+
+def _first_bytes(texts: Iterator[str], limit: int) -> Iterator[str]:
+    total = 0
+    for text in texts:
+        if total >= limit:
+            return
+        total += len(text.encode("utf-8"))
+        yield text
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_inputs(paths: list[str]) -> Iterator[Document]:
+    """Documents from every path in turn (the built-in corpus when `paths` is empty)."""
+    if not paths:
+        yield from stdlib_documents()
+    for path in paths:
+        yield from read_documents(path)
+
+
+def train_tokenizer(paths: list[str], tok: TokenizerConfig, out: str | Path) -> Tokenizer:
+    """`lmforge tokenizer train`: a BPE tokenizer trained on the documents at `paths`."""
+    if tok.pattern not in PATTERNS:
+        raise LmforgeError(
+            f"unknown tokenizer pattern {tok.pattern!r}: use one of {sorted(PATTERNS)}"
+        )
+    texts = (doc.text for doc in read_inputs(paths))
+    if tok.train_bytes:
+        texts = _first_bytes(texts, tok.train_bytes)
+    tokenizer = train_bpe(texts, tok.vocab_size, tok.special_tokens, PATTERNS[tok.pattern])
+    tokenizer.save(out)
+    return tokenizer
+
+
+def tokenize_inputs(
+    tokenizer_dir: str | Path, paths: list[str], out: str | Path, data: DataConfig
+) -> ShardMeta:
+    """`lmforge tokenize`: train/val shards of the documents at `paths`, split by id hash."""
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    val_texts: list[str] = []
+
+    def train_texts() -> Iterator[str]:
+        for doc in read_inputs(paths):
+            if is_validation(doc.id, data.val_fraction):
+                val_texts.append(doc.text)
+            else:
+                yield doc.text
+
+    # The train shard is written first; the (small) validation texts are collected on the way.
+    splits = {"train": train_texts(), "val": iter(val_texts)}
+    return tokenize_splits(tokenizer, splits, out, data.workers or None)

@@ -1,0 +1,81 @@
+"""Encoding documents into token shards, in parallel worker processes.
+
+Each document becomes `<|endoftext|>` followed by its ids, so every document starts after a
+separator and generation can be prompted from a document start.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from lmforge.progress import bar
+from lmforge.tokenizer import Tokenizer
+from lmforge.tokens.shards import ShardMeta, token_dtype, write_meta, write_shard
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_with_separator(text: str) -> list[int]:
+    assert _worker_tokenizer is not None
+    return document_ids(_worker_tokenizer, text)
+
+
+def document_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`<|endoftext|>` then the text's ids: how every document (and prompt) starts."""
+    separator = [] if tokenizer.eot_id is None else [tokenizer.eot_id]
+    return separator + tokenizer.encode_ordinary(text)
+
+
+def encode_texts(
+    tokenizer: Tokenizer, texts: Iterable[str], workers: int | None = None, desc: str = "encode"
+) -> Iterator[list[int]]:
+    """Ids for each text, in input order; `workers` processes (default: all cores)."""
+    workers = workers or os.cpu_count() or 1
+    progress = bar(desc=desc, unit="doc")
+    if workers == 1:
+        for text in texts:
+            yield document_ids(tokenizer, text)
+            progress.update()
+    else:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+            for ids in pool.imap(_encode_with_separator, texts, chunksize=16):
+                yield ids
+                progress.update()
+    progress.close()
+
+
+def tokenize_splits(
+    tokenizer: Tokenizer,
+    splits: dict[str, Iterable[str]],
+    out_dir: str | Path,
+    workers: int | None = None,
+) -> ShardMeta:
+    """Write one shard per named split of texts into `out_dir`, a copy of the tokenizer into
+    `out_dir/tokenizer`, and last `meta.json`, which marks the folder complete."""
+    tokenizer.save(Path(out_dir) / "tokenizer")
+    counts = {
+        name: write_shard(
+            out_dir,
+            name,
+            encode_texts(tokenizer, texts, workers, desc=f"encode {name}"),
+            tokenizer.vocab_size,
+        )
+        for name, texts in splits.items()
+    }
+    meta = ShardMeta(
+        dtype=token_dtype(tokenizer.vocab_size).str,
+        vocab_size=tokenizer.vocab_size,
+        tokenizer_fingerprint=tokenizer.fingerprint(),
+        shards=counts,
+    )
+    write_meta(out_dir, meta)
+    return meta

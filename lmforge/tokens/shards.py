@@ -1,0 +1,91 @@
+"""Token shards on disk: `NAME.bin` (flat token ids) + `NAME.idx` (document starts) + `meta.json`.
+
+Ids are little-endian uint16 when the vocabulary fits in 65536, else uint32. Shards are written
+streaming through temporary names and read back as memory maps, never loaded whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lmforge.errors import LmforgeError
+
+META_FILE = "meta.json"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+@dataclass
+class ShardMeta:
+    dtype: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    shards: dict[str, dict[str, int]]  # name -> {"tokens": N, "documents": D}
+
+    @property
+    def tokens(self) -> int:
+        return sum(s["tokens"] for s in self.shards.values())
+
+
+def write_shard(
+    directory: str | Path, name: str, documents: Iterable[list[int]], vocab_size: int
+) -> dict[str, int]:
+    """Append each document's ids to `NAME.bin`, its start offset to `NAME.idx`; returns counts."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(vocab_size)
+    bin_tmp, idx_tmp = directory / f"{name}.bin.tmp", directory / f"{name}.idx.tmp"
+    starts: list[int] = []
+    n_tokens = 0
+    with open(bin_tmp, "wb") as f:
+        for ids in documents:
+            starts.append(n_tokens)
+            f.write(np.asarray(ids, dtype=dtype).tobytes())
+            n_tokens += len(ids)
+    np.asarray(starts, dtype="<i8").tofile(idx_tmp)
+    os.replace(bin_tmp, directory / f"{name}.bin")
+    os.replace(idx_tmp, directory / f"{name}.idx")
+    return {"tokens": n_tokens, "documents": len(starts)}
+
+
+def write_meta(directory: str | Path, meta: ShardMeta) -> None:
+    path = Path(directory) / META_FILE
+    tmp = path.with_name(META_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_meta(directory: str | Path) -> ShardMeta:
+    path = Path(directory) / META_FILE
+    if not path.is_file():
+        raise LmforgeError(
+            f"{directory} is not a token shard folder (no {META_FILE}): "
+            "create one with `lmforge tokenize`"
+        )
+    return ShardMeta(**json.loads(path.read_text()))
+
+
+def load_tokens(directory: str | Path, name: str) -> np.memmap:
+    """The ids of shard `name` as a read-only memory map."""
+    meta = read_meta(directory)
+    if name not in meta.shards:
+        raise LmforgeError(
+            f"{directory} has no shard {name!r} (it has {sorted(meta.shards)}): "
+            "tokenize that split first"
+        )
+    path = Path(directory) / f"{name}.bin"
+    if meta.shards[name]["tokens"] == 0:
+        return np.zeros(0, dtype=meta.dtype)  # np.memmap refuses empty files
+    return np.memmap(path, dtype=np.dtype(meta.dtype), mode="r")
+
+
+def load_doc_starts(directory: str | Path, name: str) -> np.ndarray:
+    return np.fromfile(Path(directory) / f"{name}.idx", dtype="<i8")
