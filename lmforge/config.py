@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,7 +210,8 @@ def _section(cfg: RunConfig, key: str, source: str) -> Any:
 
 
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
-    allowed = typing.get_args(hint) or (hint,)
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    allowed = typing.get_args(hint) if is_union else (hint,)
     if value in ("none", "None") and type(None) in allowed:
         return None
     origin = [typing.get_origin(a) or a for a in allowed]

@@ -1,0 +1,43 @@
+import json
+
+from lmforge.report import ReportData, Sample, write_report
+
+
+def test_report_has_numbers_plot_and_samples(tmp_path):
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for step in range(10, 110, 10):
+            f.write(
+                json.dumps({"step": step, "loss": 8 - step / 20, "lr": 1e-3, "tokens_per_s": 1})
+            )
+            f.write("\n")
+        f.write(json.dumps({"step": 100, "val_loss": 3.5, "val_bpb": 1.2}) + "\n")
+    data = ReportData(
+        name="t",
+        config_toml="[train]\nlr = 0.001\n",
+        data_stats={
+            "source": "x",
+            "files": 3,
+            "skipped_not_utf8": 1,
+            "documents_in": 3,
+            "bytes_in": 10,
+            "duplicates_removed": 1,
+            "documents": {"train": 1, "val": 1},
+            "tokens": {"train": 1000, "val": 100},
+        },
+        tokenizer={"vocab_size": 512, "bytes_per_token": 3.25},
+        model={"parameters": 1_500_000, "shape": "2 layers"},
+        training={"steps": 100, "seconds": 60, "tokens": 5000, "tokens_per_s": 83.3},
+        evaluation={"val_loss": 3.5, "val_bpb": 1.2, "unigram_bpb": 2.4},
+        samples=[Sample("def ", "f(x):\n    return x")],
+    )
+    path = write_report(tmp_path, data)
+    text = path.read_text()
+    assert "| validation bits per byte | **1.2000** |" in text
+    assert "| unigram baseline bits per byte | 2.4000 |" in text
+    assert "2.00× fewer bits" in text
+    assert "| exact duplicates removed | 1 |" in text
+    assert "3.25 bytes per token" in text
+    assert "def f(x):\n    return x" in text
+    assert "![loss curve](plots/loss.png)" in text
+    png = (tmp_path / "plots" / "loss.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000

@@ -1,0 +1,232 @@
+"""The CLI end to end: its surface, the speedrun, generate and eval, and user errors."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lmforge.cli import build_parser, main
+
+# Scripts rely on these spellings; change them only on purpose.
+SURFACE = {
+    "speedrun": {"--preset", "--config", "--set", "--minutes", "--data", "--out", "--fresh"},
+    "tokenizer train": {"--input", "--vocab-size", "--special-token", "--pattern", "--out"},
+    "tokenize": {"--tokenizer", "--input", "--out", "--val-fraction", "--workers"},
+    "train": {
+        "--preset",
+        "--config",
+        "--set",
+        "--data",
+        "--max-steps",
+        "--minutes",
+        "--seed",
+        "--device",
+        "--out",
+        "--fresh",
+    },
+    "generate": {
+        "--checkpoint",
+        "--prompt",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--seed",
+        "--device",
+    },
+    "eval": {"--checkpoint", "--data", "--max-batches", "--device"},
+}
+
+
+def _commands(parser, prefix=""):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, f"{prefix}{name} ")
+    options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    if prefix:
+        yield prefix.strip(), options - {"--help"}
+
+
+def test_cli_surface_is_pinned():
+    found = {name: opts for name, opts in _commands(build_parser()) if name != "tokenizer"}
+    assert found == SURFACE
+
+
+@pytest.mark.parametrize("command", [[], *[c.split() for c in SURFACE]])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: lmforge" in out
+    for option in SURFACE.get(" ".join(command), ()):
+        assert option in out
+
+
+def _run(*args, cwd=None):
+    env = {**os.environ, "LMFORGE_PROGRESS": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "lmforge", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def speedrun_dir(corpus_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    result = _run(
+        "speedrun",
+        "--preset",
+        "tiny",
+        "--data",
+        corpus_dir,
+        "--out",
+        out,
+        "--set",
+        "train.max_steps=60",
+        "--set",
+        "data.val_fraction=0.1",
+    )
+    assert result.returncode == 0, result.stderr
+    return out, result.stdout
+
+
+def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
+    out, stdout = speedrun_dir
+    report = (out / "report.md").read_text()
+    for heading in ("## Result", "## Data", "## Tokenizer", "## Training", "## Samples"):
+        assert heading in report
+    assert (out / "plots" / "loss.png").stat().st_size > 5000
+    assert (out / "config.toml").read_text().startswith('name = "tiny"')
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses[-1] < losses[0]
+    assert (out / "checkpoints" / "step_60" / "model.safetensors").exists()
+    for stage in ("documents:", "tokenizer:", "tokens:", "evaluation:", "report:"):
+        assert stage in stdout
+
+
+def test_speedrun_rerun_reuses_every_stage(speedrun_dir, corpus_dir):
+    out, _ = speedrun_dir
+    result = _run(
+        "speedrun",
+        "--preset",
+        "tiny",
+        "--data",
+        corpus_dir,
+        "--out",
+        out,
+        "--set",
+        "train.max_steps=60",
+        "--set",
+        "data.val_fraction=0.1",
+    )
+    assert result.returncode == 0, result.stderr
+    for stage in (
+        "documents: reusing",
+        "tokenizer: reusing",
+        "tokens: reusing",
+        "training: reusing",
+    ):
+        assert stage in result.stdout
+
+
+def test_generate_continues_the_prompt(speedrun_dir):
+    out, _ = speedrun_dir
+    result = _run(
+        "generate",
+        "--checkpoint",
+        out,
+        "--prompt",
+        "def main(",
+        "--max-new-tokens",
+        20,
+        "--seed",
+        1,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("def main(") and len(result.stdout) > len("def main(\n")
+    again = _run(
+        "generate",
+        "--checkpoint",
+        out,
+        "--prompt",
+        "def main(",
+        "--max-new-tokens",
+        20,
+        "--seed",
+        1,
+    )
+    assert again.stdout == result.stdout  # seeded sampling is reproducible
+
+
+def test_eval_on_documents_and_on_shards_agree(speedrun_dir, corpus_dir):
+    out, _ = speedrun_dir
+    on_docs = _run("eval", "--checkpoint", out, "--data", corpus_dir)
+    on_shards = _run("eval", "--checkpoint", out, "--data", out / "tokens")
+    assert on_docs.returncode == 0, on_docs.stderr
+    assert "bits/byte" in on_docs.stdout
+    assert on_docs.stdout == on_shards.stdout  # the same held-out documents either way
+
+
+def test_python_api_loads_a_checkpoint(speedrun_dir):
+    import torch
+
+    import lmforge
+
+    out, _ = speedrun_dir
+    model, tokenizer = lmforge.load(out)
+    ids = torch.tensor([tokenizer.encode_ordinary("import os\nimport sys\n")])
+    logits = model(ids)
+    assert logits.shape == (1, ids.shape[1], tokenizer.vocab_size)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["train", "--preset", "huge"], "unknown preset 'huge'"),
+        (["train", "--preset", "tiny", "--set", "train.nope=1"], "unknown key train.nope"),
+        (["speedrun", "--preset", "tiny", "--data", "/no/such/path"], "does not exist"),
+        (["generate", "--checkpoint", "/no/such/run", "--prompt", "x"], "no checkpoint found"),
+        (["eval", "--checkpoint", "/no/such/run"], "no checkpoint found"),
+        (["tokenize", "--tokenizer", "/no/tok", "--input", "x", "--out", "y"], "/no/tok"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(args, message, capsys, tmp_path):
+    code = main([*args, "--out", str(tmp_path / "o")] if args[0] in ("speedrun",) else args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_empty_and_undecodable_data_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.txt").write_text("")
+    (empty / "b.txt").write_bytes(b"\xff\xfe\x00bad")
+    code = main(
+        ["speedrun", "--preset", "tiny", "--data", str(empty), "--out", str(tmp_path / "r")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "error: no readable text found" in err
+    assert "not UTF-8" in err
+
+
+def test_changed_config_does_not_touch_an_existing_run(speedrun_dir, corpus_dir):
+    out, _ = speedrun_dir
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    result = _run(
+        "speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, "--set", "train.lr=0.1"
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "another config" in result.stderr
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
