@@ -24,8 +24,8 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check lmforge tests benchmarks
-	$(BIN)/ruff format --check lmforge tests benchmarks
+	$(BIN)/ruff check lmforge tests
+	$(BIN)/ruff format --check lmforge tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -68,7 +68,9 @@ def prepare_corpus(data: DataConfig, tok: TokenizerConfig, root: str | Path) -> 
     root = Path(root)
     stats = prepare_documents(data, root / "data")
     tokenizer = prepare_tokenizer(tok, root / "data" / "train.jsonl", root / "tokenizer")
-    meta = prepare_shards(tokenizer, root / "data", root / "tokens", data.workers or None)
+    meta = prepare_shards(
+        tokenizer, root / "data", root / "tokens", data.workers or None, stats["documents"]
+    )
     stats["tokens"] = {name: s["tokens"] for name, s in meta.shards.items()}
     return Prepared(root, stats)
 
@@ -138,7 +140,11 @@ def prepare_tokenizer(tok: TokenizerConfig, train_jsonl: Path, out: Path) -> Tok
 
 
 def prepare_shards(
-    tokenizer: Tokenizer, docs_dir: Path, out: Path, workers: int | None
+    tokenizer: Tokenizer,
+    docs_dir: Path,
+    out: Path,
+    workers: int | None,
+    doc_counts: dict[str, int] | None = None,
 ) -> ShardMeta:
     if (out / "meta.json").exists():
         meta = read_meta(out)
@@ -149,7 +155,7 @@ def prepare_shards(
         name: (doc.text for doc in read_jsonl(docs_dir / f"{name}.jsonl"))
         for name in ("train", "val")
     }
-    meta = tokenize_splits(tokenizer, splits, out, workers)
+    meta = tokenize_splits(tokenizer, splits, out, workers, doc_counts)
     print(f"tokens: {meta.shards['train']['tokens']} train / {meta.shards['val']['tokens']} val")
     return meta
 

@@ -44,8 +44,8 @@ def eval_windows(data: np.ndarray, context_length: int, max_windows: int) -> np.
     """Start offsets of consecutive, non-overlapping windows: the same ones every time."""
     if len(data) < context_length + 1:
         raise LmforgeError(
-            f"validation split has {len(data)} tokens, fewer than one window of {context_length + 1}: "
-            "add data, raise data.val_fraction or lower train.seq_len"
+            f"validation split has {len(data)} tokens, fewer than one window of "
+            f"{context_length + 1}: add data, raise data.val_fraction or lower train.seq_len"
         )
     return np.arange(0, len(data) - context_length, context_length)[:max_windows]
 
@@ -92,7 +92,7 @@ def evaluate(
 
 
 def unigram_bpb(train: np.ndarray, val: np.ndarray, byte_lengths: np.ndarray) -> float:
-    """Bits per byte on `val` of a unigram model fit on `train` (add-one smoothing over text tokens)."""
+    """Bits per byte on `val` of a unigram model fit on `train`, add-one smoothed over text ids."""
     vocab = len(byte_lengths)
     is_text = byte_lengths > 0
     counts = np.bincount(np.asarray(train, dtype=np.int64), minlength=vocab)[:vocab].astype(

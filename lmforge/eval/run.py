@@ -13,8 +13,8 @@ import numpy as np
 
 from lmforge.data import is_validation, read_documents, stdlib_documents
 from lmforge.errors import LmforgeError
-from lmforge.prepare import DataConfig
 from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
+from lmforge.prepare import DataConfig
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.tokens.encode import document_ids
 from lmforge.train.checkpoint import load_checkpoint, resolve_checkpoint

@@ -18,9 +18,9 @@ def plot_loss(metrics: list[dict], path: str | Path, title: str = "loss") -> Pat
     val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     if train:
-        ax.plot(*zip(*train), label="train loss", linewidth=1.2)
+        ax.plot(*zip(*train, strict=False), label="train loss", linewidth=1.2)
     if val:
-        ax.plot(*zip(*val), "o-", label="validation loss", markersize=4)
+        ax.plot(*zip(*val, strict=False), "o-", label="validation loss", markersize=4)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)

@@ -34,6 +34,7 @@ def save(tokenizer: Tokenizer, directory: str | Path) -> None:
         raise LmforgeError(f"{target} is a file, not a folder; pass a folder path to save into")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the saved folder is an ordinary one
     try:
         _write(tokenizer, tmp)
         if target.exists():

@@ -19,7 +19,7 @@ def get_batch(
     device: str | torch.device = "cpu",
     rng: np.random.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows of `context_length + 1` tokens, returned as (inputs, targets) shifted by one."""
+    """Random windows of `context_length + 1` tokens as (inputs, targets), shifted by one."""
     if len(data) < context_length + 1:
         raise LmforgeError(
             f"only {len(data)} tokens for windows of {context_length + 1}: "

@@ -35,11 +35,17 @@ def document_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def encode_texts(
-    tokenizer: Tokenizer, texts: Iterable[str], workers: int | None = None, desc: str = "encode"
+    tokenizer: Tokenizer,
+    texts: Iterable[str],
+    workers: int | None = None,
+    desc: str = "encode",
+    total: int | None = None,
 ) -> Iterator[list[int]]:
-    """Ids for each text, in input order; `workers` processes (default: all cores)."""
+    """Ids for each text, in input order; `workers` processes (default: all cores).
+
+    `total`, the number of texts when known, gives the progress bar its ETA."""
     workers = workers or os.cpu_count() or 1
-    progress = bar(desc=desc, unit="doc")
+    progress = bar(desc=desc, unit="doc", total=total)
     if workers == 1:
         for text in texts:
             yield document_ids(tokenizer, text)
@@ -58,6 +64,7 @@ def tokenize_splits(
     splits: dict[str, Iterable[str]],
     out_dir: str | Path,
     workers: int | None = None,
+    totals: dict[str, int] | None = None,
 ) -> ShardMeta:
     """Write one shard per named split of texts into `out_dir`, a copy of the tokenizer into
     `out_dir/tokenizer`, and last `meta.json`, which marks the folder complete."""
@@ -66,7 +73,9 @@ def tokenize_splits(
         name: write_shard(
             out_dir,
             name,
-            encode_texts(tokenizer, texts, workers, desc=f"encode {name}"),
+            encode_texts(
+                tokenizer, texts, workers, desc=f"encode {name}", total=(totals or {}).get(name)
+            ),
             tokenizer.vocab_size,
         )
         for name, texts in splits.items()

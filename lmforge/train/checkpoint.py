@@ -72,7 +72,7 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """Accept a checkpoint folder, a run's `checkpoints/` folder or a run folder; return the newest."""
+    """The checkpoint at `path`: a checkpoint, a `checkpoints/` folder or a run (its newest)."""
     path = Path(path)
     if (path / "model.safetensors").is_file():
         return path

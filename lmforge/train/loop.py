@@ -21,6 +21,7 @@ from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
 from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
+from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import WindowSampler, load_tokens, read_meta
 from lmforge.train.checkpoint import (
@@ -163,6 +164,8 @@ def train(
     step_times: list[float] = []
     window_start, window_steps = time.perf_counter(), 0
     interrupted = False
+    progress = bar(total=total_steps, initial=step, desc="train", unit="step")
+    log = progress.write  # log lines print above the bar
     model.train()
     try:
         while (total_steps is None or step < total_steps) and elapsed() < budget_s:
@@ -181,6 +184,7 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
+            progress.update()
 
             if step % cfg.log_every == 0 or step == total_steps:
                 if device.type == "cuda":
@@ -195,7 +199,8 @@ def train(
                     "step_time_s": round(window_s / window_steps, 4),
                 }
                 metrics.write(**record)
-                print(
+                progress.set_postfix(loss=record["loss"], refresh=False)
+                log(
                     f"step {step}/{total_steps or '?'} loss {record['loss']:.4f} lr {lr:.2e} "
                     f"{record['tokens_per_s']:.0f} tok/s {record['step_time_s'] * 1000:.0f} ms/step"
                 )
@@ -204,27 +209,31 @@ def train(
 
             if total_steps is None and len(step_times) == CALIBRATION_STEPS + 1:
                 total_steps = _steps_in_budget(cfg, step_times[1:], budget_s - elapsed(), step)
-                print(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
+                log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
+                progress.total = total_steps
+                progress.refresh()
             if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
                 result = run_eval()
                 metrics.write(
                     step=step, val_loss=round(result.loss, 5), val_bpb=round(result.bpb, 5)
                 )
-                print(f"step {step} val loss {result.loss:.4f} bpb {result.bpb:.4f}")
+                log(f"step {step} val loss {result.loss:.4f} bpb {result.bpb:.4f}")
                 window_start, window_steps = time.perf_counter(), 0
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 checkpoint()
     except KeyboardInterrupt:
         interrupted = True
-        print(f"\ninterrupted at step {step}: saving a checkpoint (Ctrl-C again to abandon it)")
+        log(f"interrupted at step {step}: saving a checkpoint (Ctrl-C again to abandon it)")
+    progress.close()
 
     if step_times or interrupted or not existing:
         path = checkpoint()
+        final = run_eval()
+        metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
     else:
         path = existing[-1]
         print(f"training: reusing {path} (already complete)")
-    final = run_eval()
-    metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
+        final = run_eval()
     train_seconds = sum(step_times)
     tokens_per_s = len(step_times) * tokens_per_step / train_seconds if step_times else 0.0
     return TrainResult(step, path, final, tokens_per_s, elapsed(), interrupted)

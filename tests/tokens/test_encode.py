@@ -22,7 +22,7 @@ def test_shards_decode_back_to_the_documents(prepared):
 
     tokenizer = Tokenizer.load(prepared.tokenizer_dir)
     val = np.asarray(load_tokens(prepared.shard_dir, "val"))
-    starts = list(load_doc_starts(prepared.shard_dir, "val")) + [len(val)]
+    starts = [*list(load_doc_starts(prepared.shard_dir, "val")), len(val)]
     docs = list(read_jsonl(prepared.root / "data" / "val.jsonl"))
     assert len(docs) == len(starts) - 1 >= 1
     for doc, a, b in zip(docs, starts, starts[1:], strict=False):

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -75,7 +76,7 @@ def test_schedule_warmup_peak_cosine_floor():
     assert lr_at(110, **kw) == pytest.approx(0.1)
     assert lr_at(500, **kw) == pytest.approx(0.1)
     after_warmup = [lr_at(s, **kw) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(after_warmup))
     expected = 0.1 + 0.45 * (1 + math.cos(math.pi * 25 / 100))
     assert lr_at(35, **kw) == pytest.approx(expected)
 
