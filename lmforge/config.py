@@ -63,13 +63,13 @@ def small() -> RunConfig:
     return RunConfig(
         name="small",
         model=ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, max_seq_len=256),
-        tokenizer=TokenizerConfig(vocab_size=4096, train_bytes=8_000_000),
+        tokenizer=TokenizerConfig(vocab_size=4096),
         train=TrainConfig(
             batch_size=16,
             seq_len=256,
             lr=3e-3,
             warmup_steps=50,
-            minutes=7.0,
+            minutes=8.0,
             eval_every=100,
             eval_batches=16,
             log_every=10,
