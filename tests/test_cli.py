@@ -79,22 +79,15 @@ def _run(*args, cwd=None):
     )
 
 
+def _speedrun(corpus_dir, out):
+    settings = ["--set", "train.max_steps=60", "--set", "data.val_fraction=0.1"]
+    return _run("speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, *settings)
+
+
 @pytest.fixture(scope="module")
 def speedrun_dir(corpus_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    result = _run(
-        "speedrun",
-        "--preset",
-        "tiny",
-        "--data",
-        corpus_dir,
-        "--out",
-        out,
-        "--set",
-        "train.max_steps=60",
-        "--set",
-        "data.val_fraction=0.1",
-    )
+    result = _speedrun(corpus_dir, out)
     assert result.returncode == 0, result.stderr
     return out, result.stdout
 
@@ -116,19 +109,7 @@ def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
 
 def test_speedrun_rerun_reuses_every_stage(speedrun_dir, corpus_dir):
     out, _ = speedrun_dir
-    result = _run(
-        "speedrun",
-        "--preset",
-        "tiny",
-        "--data",
-        corpus_dir,
-        "--out",
-        out,
-        "--set",
-        "train.max_steps=60",
-        "--set",
-        "data.val_fraction=0.1",
-    )
+    result = _speedrun(corpus_dir, out)
     assert result.returncode == 0, result.stderr
     for stage in (
         "documents: reusing",
