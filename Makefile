@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint clean
+.PHONY: demo test bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,15 +13,25 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# openai-whisper is installed without its dependencies only for the file it ships with GPT-2's
+# BPE ranks (whisper/assets/gpt2.tiktoken): the tokenizer's compatibility tests need them offline.
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps openai-whisper==20250625
 	touch $@ $(VENV)/.installed
+
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-dev
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	touch $@
 
 demo: $(VENV)/.installed
 	$(BIN)/lmforge speedrun $(ARGS)
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-bench
+	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check lmforge tests

@@ -13,6 +13,18 @@ from pathlib import Path
 from lmforge.errors import LmforgeError
 
 
+TRAIN_KEYS = """\
+training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML file):
+  cast_module=true          bf16/fp16: cast the model itself, step fp32 master copies
+  offload_optimizer=true    keep optimizer state and fp32 master weights on the CPU
+  fused_adamw=false         lmforge's AdamW instead of PyTorch's fused kernel
+  max_bad_steps=N           stop after N non-finite steps in a row (default 25)
+  loader=sequential         walk the shards in a seeded order instead of random windows
+  checkpoint_every=N        also checkpoint every N steps (always at the end, on Ctrl-C
+                            and on SIGTERM)
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -38,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="raw text to a trained, evaluated model and report.md, end to end",
         description="Documents → dedup → tokenizer → shards → pretraining → eval → samples → "
         "report, into one run folder; stages already done there are reused.",
+        epilog=TRAIN_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _config_options(p)
     p.add_argument("--minutes", type=float, help="training time budget (default: the preset's)")
@@ -46,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=".txt file, folder of .txt/.jsonl, or JSONL with 'text' "
         "(default: the Python standard library's source)",
     )
+    _speed_options(p)
     _run_options(p)
     p.set_defaults(func=cmd_speedrun)
 
@@ -53,7 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     tok_commands = tokenizer.add_subparsers(
         dest="tokenizer_command", required=True, metavar="COMMAND"
     )
-    p = tok_commands.add_parser("train", help="train a byte-level BPE tokenizer")
+    p = tok_commands.add_parser(
+        "train",
+        help="train a byte-level BPE tokenizer",
+        description="Train a byte-level BPE tokenizer on files streamed from disk (.txt: one "
+        "text per file; .jsonl: each line's 'text'). The result is the same for any --workers.",
+    )
     p.add_argument(
         "--input", nargs="+", required=True, metavar="PATH", help="text/JSONL files or folders"
     )
@@ -62,12 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--special-token",
-        action="append",
+        action="extend",
+        nargs="+",
         metavar="TOKEN",
-        help="special token (repeatable; default <|endoftext|>)",
+        help="special token(s) (repeatable; default <|endoftext|>)",
     )
-    p.add_argument("--pattern", default="gpt2", help="pre-tokenization regex: gpt2 or gpt4")
+    p.add_argument(
+        "--pattern", default="gpt2", choices=["gpt2", "gpt4"], help="pre-tokenization regex"
+    )
     p.add_argument("--out", required=True, help="tokenizer folder to write")
+    p.add_argument(
+        "--workers", type=int, default=0, help="pre-tokenization processes (0: all cores)"
+    )
+    p.add_argument(
+        "--invalid-utf8",
+        default="replace",
+        choices=["replace", "skip"],
+        help="bytes that are not UTF-8: replace by U+FFFD or skip (counted either way)",
+    )
     p.set_defaults(func=cmd_tokenizer_train)
 
     p = commands.add_parser("tokenize", help="encode documents into train/val token shards")
@@ -82,7 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="encoding processes (0: all cores)")
     p.set_defaults(func=cmd_tokenize)
 
-    p = commands.add_parser("train", help="pretrain a model")
+    p = commands.add_parser(
+        "train",
+        help="pretrain a model",
+        epilog=TRAIN_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _config_options(p)
     p.add_argument(
         "--data",
@@ -93,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, help="training time budget")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--device", help="cpu, cuda, mps or auto")
+    _speed_options(p)
     _run_options(p)
     p.set_defaults(func=cmd_train)
 
@@ -139,6 +177,27 @@ def _config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _speed_options(p: argparse.ArgumentParser) -> None:
+    """Flags for train.precision, train.activation_checkpointing and train.compile."""
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "fp8", "auto"],
+        help="compute precision; weights and optimizer stay fp32. bf16: autocast; fp16: "
+        "autocast + dynamic loss scaling; fp8: E4M3/E5M2 matmuls in the blocks (real on CUDA "
+        "≥ 8.9, simulated elsewhere); auto: bf16 where it is fast (default: the preset's). "
+        "train.cast_module=true casts the model itself (fp32 master weights) instead of autocast",
+    )
+    p.add_argument(
+        "--activation-checkpointing",
+        choices=["none", "full", "selective"],
+        help="recompute activations in backward per block: full keeps only block inputs, "
+        "selective keeps matmul and attention outputs (default: none)",
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile each transformer block"
+    )
+
+
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="RUN_DIR", help="run folder (default: runs/NAME)")
     p.add_argument("--fresh", action="store_true", help="delete the run folder and start over")
@@ -157,6 +216,12 @@ def _load_config(args: argparse.Namespace):
         train = dataclasses.replace(train, seed=args.seed)
     if getattr(args, "device", None) is not None:
         train = dataclasses.replace(train, device=args.device)
+    if getattr(args, "precision", None) is not None:
+        train = dataclasses.replace(train, precision=args.precision)
+    if getattr(args, "activation_checkpointing", None) is not None:
+        train = dataclasses.replace(train, activation_checkpointing=args.activation_checkpointing)
+    if getattr(args, "compile", False):
+        train = dataclasses.replace(train, compile=True)
     return dataclasses.replace(cfg, train=train)
 
 
@@ -197,7 +262,9 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
     specials = args.special_token or ["<|endoftext|>"]
     tok = TokenizerConfig(vocab_size=args.vocab_size, pattern=args.pattern, special_tokens=specials)
-    tokenizer = train_tokenizer(args.input, tok, args.out)
+    tokenizer = train_tokenizer(
+        args.input, tok, args.out, workers=args.workers, invalid_utf8=args.invalid_utf8
+    )
     print(f"tokenizer: vocab {tokenizer.vocab_size} written to {args.out}")
     return 0
 

@@ -29,7 +29,7 @@ from lmforge.data import (
 )
 from lmforge.errors import LmforgeError
 from lmforge.progress import bar
-from lmforge.tokenizer import PATTERNS, Tokenizer, train_bpe
+from lmforge.tokenizer import PATTERNS, Tokenizer, train_bpe, train_bpe_files
 from lmforge.tokens import ShardMeta, read_meta
 from lmforge.tokens.encode import tokenize_splits
 
@@ -67,7 +67,9 @@ def prepare_corpus(data: DataConfig, tok: TokenizerConfig, root: str | Path) -> 
     """Run (or reuse) every preparation stage under `root`."""
     root = Path(root)
     stats = prepare_documents(data, root / "data")
-    tokenizer = prepare_tokenizer(tok, root / "data" / "train.jsonl", root / "tokenizer")
+    tokenizer = prepare_tokenizer(
+        tok, root / "data" / "train.jsonl", root / "tokenizer", data.workers or None
+    )
     meta = prepare_shards(
         tokenizer, root / "data", root / "tokens", data.workers or None, stats["documents"]
     )
@@ -130,11 +132,13 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
     return stats
 
 
-def prepare_tokenizer(tok: TokenizerConfig, train_jsonl: Path, out: Path) -> Tokenizer:
+def prepare_tokenizer(
+    tok: TokenizerConfig, train_jsonl: Path, out: Path, workers: int | None = None
+) -> Tokenizer:
     if out.exists():
         print(f"tokenizer: reusing {out}")
         return Tokenizer.load(out)
-    tokenizer = train_tokenizer([str(train_jsonl)], tok, out)
+    tokenizer = train_tokenizer([str(train_jsonl)], tok, out, workers)
     print(f"tokenizer: vocab {tokenizer.vocab_size} saved to {out}")
     return tokenizer
 
@@ -183,16 +187,35 @@ def read_inputs(paths: list[str]) -> Iterator[Document]:
         yield from read_documents(path)
 
 
-def train_tokenizer(paths: list[str], tok: TokenizerConfig, out: str | Path) -> Tokenizer:
-    """`lmforge tokenizer train`: a BPE tokenizer trained on the documents at `paths`."""
+def train_tokenizer(
+    paths: list[str],
+    tok: TokenizerConfig,
+    out: str | Path,
+    workers: int | None = None,
+    invalid_utf8: str = "replace",
+) -> Tokenizer:
+    """`lmforge tokenizer train`: a BPE tokenizer trained on the files at `paths`, streamed from
+    disk by `workers` processes (default: all cores), or on the built-in corpus without paths."""
     if tok.pattern not in PATTERNS:
         raise LmforgeError(
             f"unknown tokenizer pattern {tok.pattern!r}: use one of {sorted(PATTERNS)}"
         )
-    texts = (doc.text for doc in read_inputs(paths))
-    if tok.train_bytes:
-        texts = _first_bytes(texts, tok.train_bytes)
-    tokenizer = train_bpe(texts, tok.vocab_size, tok.special_tokens, PATTERNS[tok.pattern])
+    pattern = PATTERNS[tok.pattern]
+    if paths:
+        tokenizer = train_bpe_files(
+            paths,
+            tok.vocab_size,
+            tok.special_tokens,
+            pattern,
+            workers=workers,
+            max_bytes=tok.train_bytes,
+            invalid_utf8=invalid_utf8,  # type: ignore[arg-type]
+        )
+    else:
+        texts = (doc.text for doc in read_inputs(paths))
+        if tok.train_bytes:
+            texts = _first_bytes(texts, tok.train_bytes)
+        tokenizer = train_bpe(texts, tok.vocab_size, tok.special_tokens, pattern, workers=workers)
     tokenizer.save(out)
     return tokenizer
 

@@ -12,8 +12,27 @@ from lmforge.cli import build_parser, main
 
 # Scripts rely on these spellings; change them only on purpose.
 SURFACE = {
-    "speedrun": {"--preset", "--config", "--set", "--minutes", "--data", "--out", "--fresh"},
-    "tokenizer train": {"--input", "--vocab-size", "--special-token", "--pattern", "--out"},
+    "speedrun": {
+        "--preset",
+        "--config",
+        "--set",
+        "--minutes",
+        "--data",
+        "--precision",
+        "--activation-checkpointing",
+        "--compile",
+        "--out",
+        "--fresh",
+    },
+    "tokenizer train": {
+        "--input",
+        "--vocab-size",
+        "--special-token",
+        "--pattern",
+        "--out",
+        "--workers",
+        "--invalid-utf8",
+    },
     "tokenize": {"--tokenizer", "--input", "--out", "--val-fraction", "--workers"},
     "train": {
         "--preset",
@@ -24,6 +43,9 @@ SURFACE = {
         "--minutes",
         "--seed",
         "--device",
+        "--precision",
+        "--activation-checkpointing",
+        "--compile",
         "--out",
         "--fresh",
     },

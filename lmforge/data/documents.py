@@ -1,4 +1,4 @@
-"""Reading raw documents: the built-in stdlib corpus, .txt files, JSONL files, and folders of them.
+"""Reading raw documents: the built-in stdlib corpus, .txt, JSONL and .tar files, and folders.
 
 A document is `{"id", "text", "meta"}` (DESIGN.md, "Documents"). Readers are generators holding
 one file in memory at a time; files that are not UTF-8 are skipped, counted and warned about once.
@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.data.webdataset import is_tar, tar_documents
 from lmforge.errors import LmforgeError
 
 TXT_CHUNK_BYTES = 32 * 1024
@@ -60,22 +61,31 @@ def stdlib_documents(stats: ReadStats | None = None) -> Iterator[Document]:
 
 
 def read_documents(path: str | Path, stats: ReadStats | None = None) -> Iterator[Document]:
-    """Documents from a .txt file, a JSONL file (`text` field), or a folder of .txt/.jsonl files."""
+    """Documents from a .txt, JSONL (`text` field) or WebDataset .tar file, or a folder of them."""
     root = Path(path)
     if not root.exists():
         raise LmforgeError(f"data path {root} does not exist: pass an existing file or folder")
     files = sorted(_data_files(root)) if root.is_dir() else [root]
     if not files:
-        raise LmforgeError(f"folder {root} holds no .txt or .jsonl files: add some or pass a file")
+        raise LmforgeError(
+            f"folder {root} holds no .txt, .jsonl or .tar files: add some or pass a file"
+        )
     for file in files:
-        if file.suffix == ".jsonl":
+        if is_tar(file):
+            for doc_id, text, meta in tar_documents(file, stats):
+                yield _counted(Document(doc_id, text, meta), stats)
+        elif file.suffix == ".jsonl":
             yield from _jsonl_documents(file, stats)
         else:
             yield from _txt_documents(file, stats)
 
 
 def _data_files(folder: Path) -> Iterable[Path]:
-    return (p for p in folder.rglob("*") if p.is_file() and p.suffix in (".txt", ".jsonl"))
+    return (
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and (p.suffix in (".txt", ".jsonl") or is_tar(p))
+    )
 
 
 def _read_utf8(path: Path, stats: ReadStats | None) -> str | None:

@@ -27,7 +27,7 @@ class ReportData:
     data_stats: dict
     tokenizer: dict  # vocab_size, bytes_per_token
     model: dict  # parameters, ...
-    training: dict  # steps, seconds, tokens_per_s
+    training: dict  # steps, seconds, tokens, tokens_per_s, precision, mfu, peak_memory_bytes
     evaluation: dict  # val_loss, val_bpb, unigram_bpb
     samples: list[Sample] = field(default_factory=list)
 
@@ -42,6 +42,23 @@ def write_report(run_dir: str | Path, data: ReportData) -> Path:
     tmp.write_text(text)
     os.replace(tmp, path)
     return path
+
+
+def _throughput(tr: dict) -> list[str]:
+    if "precision" not in tr:
+        return []
+    return [
+        "| precision | tokens/s | MFU | peak memory | skipped steps |",
+        "|---|---|---|---|---|",
+        f"| {tr['precision']} | {tr['tokens_per_s']:.0f} | {tr['mfu']:.1%} | "
+        f"{tr['peak_memory_bytes'] / 2**20:.1f} MB | {tr.get('skipped_steps', 0)} |",
+        "",
+        "MFU: the model's analytic training FLOPs per token (6 per weight plus attention) times "
+        "tokens/s, over the peak matmul FLOP/s of the precision used (measured on a CPU, "
+        "datasheet on a GPU). Peak memory: the CUDA allocator's peak on a GPU; elsewhere "
+        "weights, gradients, optimizer state and the activations saved for backward (measured).",
+        "",
+    ]
 
 
 def render(data: ReportData, plot_path: str) -> str:
@@ -81,6 +98,7 @@ def render(data: ReportData, plot_path: str) -> str:
         f"{tr['steps']} steps in {tr['seconds']:.0f} s, "
         f"{tr['tokens']:,} tokens at {tr['tokens_per_s']:.0f} tokens/s.",
         "",
+        *_throughput(tr),
         f"![loss curve]({plot_path})",
         "",
         "## Samples",

@@ -1,7 +1,10 @@
-"""Tokenizer folders on disk: GPT-2's vocab.json + merges.txt plus lmforge_tokenizer.json.
+"""Tokenizer folders on disk: every format written together, and whichever is there read back.
 
-A folder holding only GPT-2's published vocab.json + merges.txt loads too. Saving writes a
-complete new folder first and swaps it in, so a crash never leaves a half-written tokenizer.
+A folder holds vocab.json + merges.txt (GPT-2), tokenizer.json (Hugging Face),
+tokenizer.tiktoken (tiktoken ranks) and lmforge_tokenizer.json (pattern and special tokens).
+Reading takes the first of vocab.json, tokenizer.json, tokenizer.tiktoken that is present, so a
+folder with only GPT-2's published vocab.json + merges.txt loads too. Saving writes a complete
+new folder first and swaps it in, so a crash never leaves a half-written tokenizer.
 """
 
 from __future__ import annotations
@@ -13,19 +16,19 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import regex
-
 from lmforge.errors import LmforgeError
-from lmforge.tokenizer.bytes_unicode import bytes_to_text, text_to_bytes
+from lmforge.tokenizer.gpt2_files import merges_txt, parse_merges, parse_vocab, vocab_json
 from lmforge.tokenizer.pretokenize import GPT2_PATTERN
+from lmforge.tokenizer.tiktoken_file import read_tiktoken, write_tiktoken
 
 if TYPE_CHECKING:
     from lmforge.tokenizer.tokenizer import Tokenizer
 
 VOCAB = "vocab.json"
 MERGES = "merges.txt"
+HF_JSON = "tokenizer.json"
+TIKTOKEN = "tokenizer.tiktoken"
 META = "lmforge_tokenizer.json"
-SPECIAL_FORM = regex.compile(r"<\|[^\s]*?\|>")
 
 
 def save(tokenizer: Tokenizer, directory: str | Path) -> None:
@@ -49,52 +52,63 @@ def save(tokenizer: Tokenizer, directory: str | Path) -> None:
 
 
 def _write(tokenizer: Tokenizer, folder: Path) -> None:
-    vocab = {bytes_to_text(t): r for t, r in tokenizer.mergeable_ranks.items()}
-    for special, i in tokenizer.special_tokens.items():
-        vocab.setdefault(special, i)
-    vocab = dict(sorted(vocab.items(), key=lambda item: item[1]))
-    (folder / VOCAB).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    lines = ["#version: 0.2"]
-    lines += [f"{bytes_to_text(a)} {bytes_to_text(b)}" for a, b in tokenizer.merges]
-    (folder / MERGES).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    meta = {"pattern": tokenizer.pattern, "special_tokens": tokenizer.special_tokens}
+    from lmforge.tokenizer.hf_json import to_json
+
+    ranks, specials = tokenizer.mergeable_ranks, tokenizer.special_tokens
+    (folder / VOCAB).write_text(vocab_json(ranks, specials), encoding="utf-8")
+    (folder / MERGES).write_text(merges_txt(tokenizer.merges), encoding="utf-8")
+    hf = json.dumps(to_json(tokenizer), ensure_ascii=False, indent=1)
+    (folder / HF_JSON).write_text(hf, encoding="utf-8")
+    write_tiktoken(ranks, folder / TIKTOKEN)
+    meta = {"pattern": tokenizer.pattern, "special_tokens": specials}
     (folder / META).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
-def load(directory: str | Path) -> Tokenizer:
+def load(path: str | Path, backend: str | None = None) -> Tokenizer:
+    from lmforge.tokenizer.hf_json import from_json
     from lmforge.tokenizer.tokenizer import Tokenizer
 
-    folder = Path(directory)
-    if not folder.is_dir():
-        raise LmforgeError(f"tokenizer folder {folder} not found; pass a folder holding {VOCAB}")
-    vocab = _read_json(folder / VOCAB)
-    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-        raise LmforgeError(f"{folder / VOCAB} is not a {{token: id}} object; rewrite or replace it")
-    if (folder / META).exists():
-        meta = _read_json(folder / META)
-        try:
-            pattern = meta["pattern"]
-            specials = {str(s): int(i) for s, i in meta["special_tokens"].items()}
-        except (TypeError, KeyError, AttributeError, ValueError) as e:
-            raise LmforgeError(
-                f"{folder / META} lacks 'pattern' or 'special_tokens' ({e}); rewrite or delete it"
-            ) from None
-    else:
-        pattern = GPT2_PATTERN
-        specials = {t: i for t, i in vocab.items() if SPECIAL_FORM.fullmatch(t)}
-    ranks = {}
-    for text, i in vocab.items():
-        if specials.get(text) == i:
-            continue
-        try:
-            ranks[text_to_bytes(text)] = i
-        except KeyError:
-            raise LmforgeError(
-                f"{folder / VOCAB} holds {text!r}, which is not GPT-2 byte-mapped text; "
-                "rewrite it with lmforge's Tokenizer.save"
-            ) from None
-    merges = _read_merges(folder / MERGES) if (folder / MERGES).exists() else None
-    return Tokenizer(ranks, specials, pattern, merges=merges)
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        return from_json(_read_json(path), str(path), backend)
+    if not path.is_dir():
+        raise LmforgeError(
+            f"tokenizer folder {path} not found; pass a folder holding {VOCAB} + {MERGES}, "
+            f"{HF_JSON} or {TIKTOKEN}"
+        )
+    pattern, specials = _read_meta(path / META)
+    if (path / VOCAB).exists():
+        ranks, specials = parse_vocab(_read_json(path / VOCAB), str(path / VOCAB), specials)
+        merges = None
+        if (path / MERGES).exists():
+            lines = (path / MERGES).read_text(encoding="utf-8").splitlines()
+            merges = parse_merges(lines, ranks, str(path / MERGES))
+        return Tokenizer(ranks, specials, pattern or GPT2_PATTERN, merges=merges, backend=backend)
+    if (path / HF_JSON).exists():
+        return from_json(_read_json(path / HF_JSON), str(path / HF_JSON), backend)
+    if (path / TIKTOKEN).exists():
+        ranks = read_tiktoken(path / TIKTOKEN)
+        return Tokenizer(ranks, specials or {}, pattern or GPT2_PATTERN, backend=backend)
+    raise LmforgeError(
+        f"{path / VOCAB} not found, nor {HF_JSON} or {TIKTOKEN}; the tokenizer folder needs one "
+        "(save one there)"
+    )
+
+
+def _read_meta(path: Path) -> tuple[str | None, dict[str, int] | None]:
+    if not path.exists():
+        return None, None
+    meta = _read_json(path)
+    try:
+        pattern = meta["pattern"]  # type: ignore[index]
+        specials = {str(s): int(i) for s, i in meta["special_tokens"].items()}  # type: ignore[index]
+        if not isinstance(pattern, str):
+            raise TypeError(pattern)
+    except (TypeError, KeyError, AttributeError, ValueError) as e:
+        raise LmforgeError(
+            f"{path} lacks 'pattern' or 'special_tokens' ({e}); rewrite or delete it"
+        ) from None
+    return pattern, specials
 
 
 def _read_json(path: Path) -> object:
@@ -104,20 +118,3 @@ def _read_json(path: Path) -> object:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LmforgeError(f"{path} is not valid JSON ({e}); rewrite or replace it") from None
-
-
-def _read_merges(path: Path) -> list[tuple[bytes, bytes]]:
-    merges = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line or (n == 1 and line.startswith("#version")):
-            continue
-        parts = line.split(" ")
-        try:
-            if len(parts) != 2:
-                raise KeyError(line)
-            merges.append((text_to_bytes(parts[0]), text_to_bytes(parts[1])))
-        except KeyError:
-            raise LmforgeError(
-                f"{path} line {n} is not a GPT-2 merge ('A B'); fix the line or delete the file"
-            ) from None
-    return merges

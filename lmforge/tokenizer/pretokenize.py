@@ -1,4 +1,4 @@
-"""Pre-tokenization: the split patterns and the special-token split that run before any BPE.
+"""Pre-tokenization: the split patterns, the special-token split, and safe places to cut text.
 
 Training and encoding must cut text identically, so both call these functions.
 """
@@ -18,6 +18,11 @@ GPT4_PATTERN = (
     r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
+
+# Places where both patterns always start a new pre-token, whatever surrounds them: before a space
+# that follows a non-space, and between a letter and a digit. Cutting text there and
+# pre-tokenizing the parts gives exactly the pre-tokens of the whole. Searched backwards.
+_CUT = regex.compile(r"(?r)(?:\S(?= )|\p{L}(?=\p{N})|\p{N}(?=\p{L}))")
 
 
 @functools.lru_cache(maxsize=32)
@@ -52,3 +57,33 @@ def split_special(text: str, specials: Iterable[str]) -> Iterator[tuple[str, boo
 def pretokens(text: str, pattern: str = GPT2_PATTERN) -> list[str]:
     """The pre-tokens of ordinary text (no special-token handling); they concatenate to `text`."""
     return compile_pattern(pattern).findall(text)
+
+
+def cut_point(
+    text: str, specials: Iterable[str] = (), start: int = 0, end: int | None = None
+) -> int:
+    """The last index `c`, `start < c <= end` (default: the last character), at which `text` can
+    be cut so that pre-tokenizing the two parts, special tokens included, gives exactly the
+    pre-tokens of the whole; 0 when there is none.
+
+    `c` lies inside no occurrence of a special token. When more text may follow, pass an `end`
+    at least the longest special token's length before the end of `text`. Exact for the GPT-2
+    and GPT-4 patterns; for other patterns a good guess.
+    """
+    specials = [s for s in specials if s]
+    end = len(text) - 1 if end is None else min(end, len(text) - 1)
+    while end > start:
+        m = _CUT.search(text, start, end + 1)
+        if m is None:
+            return 0
+        c = m.end()
+        inside = [at for s in specials if 0 <= (at := _occurrence_start(text, s, c)) < c]
+        if not inside:
+            return c
+        end = min(inside)  # a special token covers c: look before it
+    return 0
+
+
+def _occurrence_start(text: str, special: str, c: int) -> int:
+    """Start of the first occurrence of `special` that could cover index `c`, or -1."""
+    return text.find(special, max(0, c - len(special) + 1), c + len(special) - 1)

@@ -1,9 +1,11 @@
-"""The training loop: batches in, AdamW steps, periodic validation, metrics and checkpoints out.
+"""The training loop: batches in, optimizer steps, periodic validation, metrics and checkpoints out.
 
 One loop serves every command that trains. It runs for `max_steps`, or for a wall-clock budget
 (`minutes`): then the first steps are timed once and the step count that fits the budget is
 fixed, so the learning-rate schedule stays a pure function of the step and a resumed run
-continues the same schedule.
+continues the same schedule. How a step computes (precision, activation checkpointing,
+compile) is composed in compose.py and run by step.py; the host reads values back from the
+device only on log, evaluation and checkpoint steps.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
@@ -23,17 +24,24 @@ from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
-from lmforge.tokens import WindowSampler, load_tokens, read_meta
+from lmforge.tokens import load_tokens, read_meta
+from lmforge.train.batches import LOADERS, make_batches
 from lmforge.train.checkpoint import (
     list_checkpoints,
     load_model_weights,
     load_training_state,
     save_checkpoint,
 )
-from lmforge.train.clip import clip_grad_norm
+from lmforge.train.compose import compose
+from lmforge.train.guard import NonFiniteGuard
+from lmforge.train.memory import MODES, peak_memory_bytes
 from lmforge.train.metrics import MetricsLog
-from lmforge.train.optim import AdamW, param_groups
+from lmforge.train.mfu import mfu, peak_flops
+from lmforge.train.optim import build_optimizer
+from lmforge.train.precision import PRECISIONS, make_precision
 from lmforge.train.schedule import lr_at
+from lmforge.train.signals import StopRequest, stop_on_sigterm
+from lmforge.train.step import train_step
 
 CALIBRATION_STEPS = 5
 """Budgeted runs time this many steps (after the first, which pays one-off costs) to fix their
@@ -60,13 +68,37 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only at the end (and on Ctrl-C)
     seed: int = 1337
     device: str = "auto"
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | fp8 | auto (bf16 where it is fast)
+    cast_module: bool = False  # bf16/fp16: cast the model itself, step fp32 master copies
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: bool = False
+    fused_adamw: bool = True  # PyTorch's fused AdamW kernel where the device has one
+    offload_optimizer: bool = False  # optimizer state and master weights on the CPU
+    max_bad_steps: int = 25  # stop after this many non-finite steps in a row
+    loader: str = "random"  # random | sequential
 
     def validate(self) -> None:
         if self.max_steps <= 0 and self.minutes <= 0:
             raise LmforgeError("train.max_steps and train.minutes are both 0: set one of them")
-        for name in ("batch_size", "seq_len", "grad_accum_steps", "log_every", "eval_batches"):
+        for name in (
+            "batch_size",
+            "seq_len",
+            "grad_accum_steps",
+            "log_every",
+            "eval_batches",
+            "max_bad_steps",
+        ):
             if getattr(self, name) < 1:
                 raise LmforgeError(f"train.{name} must be at least 1, got {getattr(self, name)}")
+        for name, choices in (
+            ("precision", (*PRECISIONS, "auto")),
+            ("activation_checkpointing", MODES),
+            ("loader", LOADERS),
+        ):
+            if getattr(self, name) not in choices:
+                raise LmforgeError(
+                    f"train.{name} is {getattr(self, name)!r}: choose one of {', '.join(choices)}"
+                )
 
 
 @dataclass
@@ -77,6 +109,10 @@ class TrainResult:
     tokens_per_s: float
     seconds: float
     interrupted: bool = False
+    precision: str = "fp32"
+    mfu: float = 0.0
+    peak_memory_bytes: int = 0
+    skipped_steps: int = 0
 
 
 def train(
@@ -90,12 +126,13 @@ def train(
     """Train on the `train` shard of `shard_dir`, validating on its `val` shard.
 
     The tokenizer is the copy the shards carry (`shard_dir/tokenizer`); checkpoints carry it on.
-        Writes `metrics.jsonl` and `checkpoints/step_N/` under `out_dir`; resumes from the newest
-        checkpoint there when `resume` is set.
+    Writes `metrics.jsonl` and `checkpoints/step_N/` under `out_dir`; resumes from the newest
+    checkpoint there when `resume` is set.
     """
     cfg.validate()
     out_dir = Path(out_dir)
     device = pick_device(cfg.device)
+    master_device = torch.device("cpu") if cfg.offload_optimizer else device
     torch.manual_seed(cfg.seed)
 
     meta = read_meta(shard_dir)
@@ -113,25 +150,33 @@ def train(
             "lower one or raise the other"
         )
     model_config.validate()
-    train_tokens = load_tokens(shard_dir, "train")
     val_tokens = load_tokens(shard_dir, "val")
-    sampler = WindowSampler(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
     byte_lengths = token_byte_lengths(tokenizer)
+    precision = make_precision(cfg.precision, device, cfg.cast_module)
 
-    model = Transformer(model_config).to(device)
-    optimizer = AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2)
+    model = Transformer(model_config).to(master_device)
+    optimizer = build_optimizer(
+        model, cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, fused=cfg.fused_adamw
     )
+    composed = compose(model, precision, device, cfg.activation_checkpointing, cfg.compile)
+    guard = NonFiniteGuard(master_device, cfg.max_bad_steps)
+    batches = make_batches(cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     checkpoints_dir = out_dir / "checkpoints"
 
     step, total_steps, prior_seconds = 0, cfg.max_steps or None, 0.0
     existing = list_checkpoints(checkpoints_dir) if resume else []
+    last_good = existing[-1] if existing else None
     if existing:
         load_model_weights(model, existing[-1])
-        state, _ = load_training_state(existing[-1], optimizer)
+        composed.weights_to_compute()
+        state, loader_state = load_training_state(existing[-1], optimizer)
         step, prior_seconds = state["step"], state["seconds"]
         total_steps = cfg.max_steps or state["total_steps"]  # max_steps may extend a run
+        precision.load_state_dict(state.get("precision", {}))
+        if "guard" in state:
+            guard.load_state_dict(state["guard"])
+        batches.load_state_dict(loader_state)
         metrics.truncate_after(step)
         print(f"resuming from {existing[-1]} (step {step})")
 
@@ -141,90 +186,127 @@ def train(
         return prior_seconds + time.perf_counter() - session_start
 
     def run_eval() -> EvalResult:
-        return evaluate(
-            model, val_tokens, byte_lengths, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device
-        )
+        with precision.autocast():
+            return evaluate(
+                composed.compute,
+                val_tokens,
+                byte_lengths,
+                cfg.seq_len,
+                cfg.batch_size,
+                cfg.eval_batches,
+                device,
+            )
 
     def checkpoint() -> Path:
-        trainer_state = {"total_steps": total_steps, "seconds": elapsed()}
+        trainer_state = {
+            "total_steps": total_steps,
+            "seconds": elapsed(),
+            "precision": precision.state_dict(),
+            "guard": guard.state_dict(),
+        }
         return save_checkpoint(
             checkpoints_dir,
             step,
             model,
             optimizer,
             trainer_state,
-            sampler.state_dict(),
+            batches.state_dict(),
             run_config or {},
             tokenizer_dir,
         )
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
+    flops_per_token = model.flops_per_token(cfg.seq_len)
+    peak = peak_flops(device, precision.matmul)
     budget_s = cfg.minutes * 60 if not cfg.max_steps else math.inf
     min_lr = cfg.lr * cfg.min_lr_ratio
     step_times: list[float] = []
+    activation_bytes = 0
     window_start, window_steps = time.perf_counter(), 0
     interrupted = False
+    stop = StopRequest()
     progress = bar(total=total_steps, initial=step, desc="train", unit="step")
     log = progress.write  # log lines print above the bar
-    model.train()
+    log(f"precision {precision.describe()}, {flops_per_token / 1e6:.2f} MFLOP/token")
+    composed.compute.train()
     try:
-        while (total_steps is None or step < total_steps) and elapsed() < budget_s:
-            t0 = time.perf_counter()
-            lr = lr_at(step, cfg.lr, min_lr, cfg.warmup_steps, total_steps or 10**9)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(cfg.grad_accum_steps):
-                x, y = sampler.batch(step, micro, device)
-                loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-                (loss / cfg.grad_accum_steps).backward()
-                loss_sum += loss.detach()
-            grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            window_steps += 1
-            progress.update()
-
-            if step % cfg.log_every == 0 or step == total_steps:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                window_s = time.perf_counter() - window_start
-                record = {
-                    "step": step,
-                    "loss": round(float(loss_sum) / cfg.grad_accum_steps, 5),
-                    "lr": lr,
-                    "grad_norm": round(float(grad_norm), 4),
-                    "tokens_per_s": round(window_steps * tokens_per_step / window_s, 1),
-                    "step_time_s": round(window_s / window_steps, 4),
-                }
-                metrics.write(**record)
-                progress.set_postfix(loss=record["loss"], refresh=False)
-                log(
-                    f"step {step}/{total_steps or '?'} loss {record['loss']:.4f} lr {lr:.2e} "
-                    f"{record['tokens_per_s']:.0f} tok/s {record['step_time_s'] * 1000:.0f} ms/step"
+        with stop_on_sigterm() as stop:
+            while (total_steps is None or step < total_steps) and elapsed() < budget_s:
+                if stop:
+                    raise KeyboardInterrupt
+                t0 = time.perf_counter()
+                lr = lr_at(step, cfg.lr, min_lr, cfg.warmup_steps, total_steps or 10**9)
+                result = train_step(
+                    composed,
+                    optimizer,
+                    guard,
+                    batches,
+                    step,
+                    lr,
+                    cfg.grad_accum_steps,
+                    cfg.grad_clip,
+                    device,
+                    measure_memory=not step_times and device.type != "cuda",
                 )
-                window_start, window_steps = time.perf_counter(), 0
-            step_times.append(time.perf_counter() - t0)
+                activation_bytes = max(activation_bytes, result.activation_bytes)
+                step += 1
+                window_steps += 1
+                progress.update()
 
-            if total_steps is None and len(step_times) == CALIBRATION_STEPS + 1:
-                total_steps = _steps_in_budget(cfg, step_times[1:], budget_s - elapsed(), step)
-                log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
-                progress.total = total_steps
-                progress.refresh()
-            if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
-                result = run_eval()
-                metrics.write(
-                    step=step, val_loss=round(result.loss, 5), val_bpb=round(result.bpb, 5)
-                )
-                log(f"step {step} val loss {result.loss:.4f} bpb {result.bpb:.4f}")
-                window_start, window_steps = time.perf_counter(), 0
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                checkpoint()
+                if step % cfg.log_every == 0 or step == total_steps:
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    window_s = time.perf_counter() - window_start
+                    tokens_per_s = window_steps * tokens_per_step / window_s
+                    memory = peak_memory_bytes(
+                        device, [model, composed.compute], optimizer, activation_bytes
+                    )
+                    record = {
+                        "step": step,
+                        "loss": round(float(result.loss), 5),
+                        "lr": lr,
+                        "grad_norm": round(float(result.grad_norm), 4),
+                        "tokens_per_s": round(tokens_per_s, 1),
+                        "step_time_s": round(window_s / window_steps, 4),
+                        "mfu": round(mfu(flops_per_token, tokens_per_s, peak), 4),
+                        "skipped_steps": int(guard.skipped),
+                        "peak_memory_mb": round(memory / 2**20, 1),
+                        **{k: float(v) for k, v in precision.log_fields().items()},
+                        **batches.log_fields(),
+                    }
+                    metrics.write(**record)
+                    progress.set_postfix(loss=record["loss"], refresh=False)
+                    log(
+                        f"step {step}/{total_steps or '?'} loss {record['loss']:.4f} "
+                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s "
+                        f"{record['step_time_s'] * 1000:.0f} ms/step mfu {record['mfu']:.1%}"
+                        + (f" skipped {record['skipped_steps']}" if record["skipped_steps"] else "")
+                    )
+                    if guard.diverged():
+                        raise LmforgeError(_diverged_message(step, cfg.max_bad_steps, last_good))
+                    window_start, window_steps = time.perf_counter(), 0
+                step_times.append(time.perf_counter() - t0)
+
+                if total_steps is None and len(step_times) == CALIBRATION_STEPS + 1:
+                    total_steps = _steps_in_budget(cfg, step_times[1:], budget_s - elapsed(), step)
+                    log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
+                    progress.total = total_steps
+                    progress.refresh()
+                if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
+                    ev = run_eval()
+                    metrics.write(step=step, val_loss=round(ev.loss, 5), val_bpb=round(ev.bpb, 5))
+                    log(f"step {step} val loss {ev.loss:.4f} bpb {ev.bpb:.4f}")
+                    window_start, window_steps = time.perf_counter(), 0
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    path = checkpoint()
+                    last_good = path if guard.clean() else last_good
     except KeyboardInterrupt:
         interrupted = True
-        log(f"interrupted at step {step}: saving a checkpoint (Ctrl-C again to abandon it)")
-    progress.close()
+        why = f"{stop.signal} received" if stop.signal else "interrupted"
+        log(f"{why} at step {step}: saving a checkpoint (Ctrl-C again to abandon it)")
+    finally:
+        progress.close()
+        batches.close()
 
     if step_times or interrupted or not existing:
         path = checkpoint()
@@ -236,7 +318,33 @@ def train(
         final = run_eval()
     train_seconds = sum(step_times)
     tokens_per_s = len(step_times) * tokens_per_step / train_seconds if step_times else 0.0
-    return TrainResult(step, path, final, tokens_per_s, elapsed(), interrupted)
+    return TrainResult(
+        step,
+        path,
+        final,
+        tokens_per_s,
+        elapsed(),
+        interrupted,
+        precision=precision.describe(),
+        mfu=mfu(flops_per_token, tokens_per_s, peak),
+        peak_memory_bytes=peak_memory_bytes(
+            device, [model, composed.compute], optimizer, activation_bytes
+        ),
+        skipped_steps=int(guard.skipped),
+    )
+
+
+def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> str:
+    where = (
+        f"the last good checkpoint is {last_good}"
+        if last_good is not None
+        else "no checkpoint was saved before it"
+    )
+    return (
+        f"training stopped at step {step}: {max_bad_steps} steps in a row had a non-finite loss "
+        f"or gradient norm and were skipped; {where}: lower train.lr or change --precision, "
+        "then resume from it (or start over with --fresh)"
+    )
 
 
 def _steps_in_budget(

@@ -1,11 +1,14 @@
 """AdamW with decoupled weight decay (Loshchilov & Hutter), usable as any torch optimizer.
 
-Also decides which parameters decay: matrices do; gains, biases and embeddings do not.
+Also decides which parameters decay (matrices do; gains, biases and embeddings do not) and
+builds the optimizer a run uses: PyTorch's fused AdamW kernel where the device has one, else
+this one. Both follow PyTorch's protocol for skipping a step on the device: set
+`optimizer.found_inf` to a one-element float tensor (1.0: skip) before `step()`, and the step
+leaves parameters and state untouched when it is 1, without the host reading it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -31,26 +34,30 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
+        skip_none = torch.zeros(())
         for group in self.param_groups:
-            lr, (beta1, beta2) = group["lr"], group["betas"]
+            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.lerp_(p.grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-                p.mul_(1 - lr * group["weight_decay"])
-                p.addcdiv_(
-                    m, v.sqrt().add_(group["eps"] * math.sqrt(1 - beta2**t)), value=-step_size
-                )
+                # Every change is multiplied by `ok`, so ok = 0 (found_inf) leaves all as it was.
+                ok = 1.0 - (found_inf if found_inf is not None else skip_none).to(p.device)
+                grad = torch.where(ok > 0, p.grad, 0.0)
+                state["step"] += ok
+                t = state["step"].clamp(min=1.0)
+                m.lerp_(grad, (1 - beta1) * ok)
+                v.mul_(1 - (1 - beta2) * ok).add_(grad * grad * (1 - beta2))
+                bias2 = torch.sqrt(1 - beta2**t)
+                step_size = lr * bias2 / (1 - beta1**t) * ok
+                p.mul_(1 - lr * group["weight_decay"] * ok)
+                p.sub_(m / v.sqrt().add_(eps * bias2) * step_size)
         return loss
 
 
@@ -66,3 +73,24 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def build_optimizer(
+    model: nn.Module,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    fused: bool = True,
+) -> torch.optim.Optimizer:
+    """PyTorch's fused AdamW on devices that have the kernel (when `fused`), else lmforge's."""
+    groups = param_groups(model, weight_decay)
+    device = next(model.parameters()).device
+    if fused and device.type in fused_devices():
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+    return AdamW(groups, lr=lr, betas=betas)
+
+
+def fused_devices() -> list[str]:
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return _get_fused_kernels_supported_devices()

@@ -65,7 +65,7 @@ def test_bad_inputs_raise_one_line_errors(tmp_path, make):
     if make == "missing":
         path, expected = tmp_path / "nope.txt", "does not exist"
     elif make == "empty_dir":
-        path, expected = tmp_path, "no .txt or .jsonl"
+        path, expected = tmp_path, "no .txt, .jsonl or .tar"
         (tmp_path / "x.csv").write_text("a,b")
     else:
         path, expected = tmp_path / "d.jsonl", "'text' field"

@@ -1,8 +1,11 @@
 """Tokenizer folders: save/load round trip, GPT-2 published format, byte mapping, bad folders."""
 
+import base64
 import json
+import shutil
 
 import pytest
+import tiktoken.load
 
 from lmforge.errors import LmforgeError
 from lmforge.tokenizer import GPT2_PATTERN, GPT4_PATTERN, Tokenizer, train_bpe
@@ -103,3 +106,86 @@ def test_bad_folders_raise(tmp_path, trained):
     (tmp_path / "file").write_text("x")
     with pytest.raises(LmforgeError, match="is a file"):
         trained.save(tmp_path / "file")
+
+
+def test_saved_folder_holds_every_format(tmp_path, trained):
+    trained.save(tmp_path / "tok")
+    names = sorted(p.name for p in (tmp_path / "tok").iterdir())
+    assert names == [
+        "lmforge_tokenizer.json",
+        "merges.txt",
+        "tokenizer.json",
+        "tokenizer.tiktoken",
+        "vocab.json",
+    ]
+    # Any one format (with the metadata for tiktoken's) loads the same tokenizer.
+    for keep in (["tokenizer.json"], ["tokenizer.tiktoken", "lmforge_tokenizer.json"]):
+        (tmp_path / "one").mkdir()
+        for name in keep:
+            (tmp_path / "one" / name).write_bytes((tmp_path / "tok" / name).read_bytes())
+        assert Tokenizer.load(tmp_path / "one").fingerprint() == trained.fingerprint()
+        shutil.rmtree(tmp_path / "one")
+
+
+def test_tiktoken_format_round_trip(tmp_path, trained, gpt2_ranks):
+    trained.save_tiktoken(tmp_path / "t.tiktoken")
+    loaded = Tokenizer.load_tiktoken(tmp_path / "t.tiktoken", trained.special_tokens)
+    assert loaded.fingerprint() == trained.fingerprint()
+    # tiktoken's own reader agrees with our writer, and ours with GPT-2's file.
+    assert tiktoken.load.load_tiktoken_bpe(str(tmp_path / "t.tiktoken")) == trained.mergeable_ranks
+    assert len(gpt2_ranks) == 50256 and gpt2_ranks[b"!"] == 0 and gpt2_ranks[b" the"] == 262
+
+
+def test_bad_tiktoken_file_names_the_line(tmp_path):
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    (tmp_path / "ok.tiktoken").write_text("\n".join(lines), encoding="ascii")
+    assert Tokenizer.load_tiktoken(tmp_path / "ok.tiktoken").vocab_size == 256
+    lines[7] = "not-base64!! 7"
+    (tmp_path / "bad.tiktoken").write_text("\n".join(lines), encoding="ascii")
+    with pytest.raises(LmforgeError, match="line 8"):
+        Tokenizer.load_tiktoken(tmp_path / "bad.tiktoken")
+
+
+def corrupt(folder, name, edit):
+    path = folder / name
+    path.write_text(edit(path.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "message"),
+    [
+        # merges from another tokenizer: line 5 needs a token the vocabulary lacks
+        ("merges.txt", lambda t: _replace_line(t, 4, "zq qz"), r"merges\.txt line 5 .*lacks"),
+        ("merges.txt", lambda t: _replace_line(t, 3, "justoneword"), r"line 4 .*not a GPT-2 merge"),
+        ("merges.txt", lambda t: _swap_lines(t, 2, 9), r"line 9 .*id order"),
+        ("vocab.json", lambda t: t.replace(": 300,", ": 301,", 1), "to both"),
+        ("vocab.json", lambda t: t[:-5], "not valid JSON"),
+        ("lmforge_tokenizer.json", lambda t: '{"pattern": 3}', "lacks 'pattern'"),
+    ],
+)
+def test_corrupt_or_mismatched_files_name_the_problem(tmp_path, trained, name, edit, message):
+    trained.save(tmp_path / "tok")
+    corrupt(tmp_path / "tok", name, edit)
+    with pytest.raises(LmforgeError, match=message):
+        Tokenizer.load(tmp_path / "tok")
+
+
+def test_merges_of_another_vocab_are_refused(tmp_path, trained, corpus):
+    other = train_bpe([t[::-1] for t in corpus] * 20, 600, [EOT, "<|pad|>"])
+    trained.save(tmp_path / "a")
+    other.save(tmp_path / "b")
+    shutil.copy(tmp_path / "b" / "merges.txt", tmp_path / "a" / "merges.txt")
+    with pytest.raises(LmforgeError, match=r"merges\.txt line \d+ .*different tokenizers"):
+        Tokenizer.load(tmp_path / "a")
+
+
+def _replace_line(text, index, line):
+    lines = text.split("\n")
+    lines[index] = line
+    return "\n".join(lines)
+
+
+def _swap_lines(text, i, j):
+    lines = text.split("\n")
+    lines[i], lines[j] = lines[j], lines[i]
+    return "\n".join(lines)

@@ -5,6 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 import lmforge.train.loop as loop
+import lmforge.train.step as step_module
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train import TrainConfig, list_checkpoints, load_model_weights, train
@@ -34,7 +35,7 @@ def _metrics(run):
 
 def _interrupt_at_step(monkeypatch, n):
     """Make the n-th gradient clip raise KeyboardInterrupt, as Ctrl-C during step n would."""
-    real_clip, calls = loop.clip_grad_norm, {"n": 0}
+    real_clip, calls = step_module.clip_grad_norm, {"n": 0}
 
     def clip(params, max_norm):
         calls["n"] += 1
@@ -42,7 +43,7 @@ def _interrupt_at_step(monkeypatch, n):
             raise KeyboardInterrupt
         return real_clip(params, max_norm)
 
-    monkeypatch.setattr(loop, "clip_grad_norm", clip)
+    monkeypatch.setattr(step_module, "clip_grad_norm", clip)
 
 
 def test_training_lowers_loss_and_writes_metrics_and_checkpoint(prepared, tmp_path):

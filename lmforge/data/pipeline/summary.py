@@ -1,0 +1,98 @@
+"""A run's output folder bookkeeping: claiming it, and writing `stats.json` and `summary.md`.
+
+`stats.json` holds every step's merged statistics (documents and bytes in and out, removals by
+reason with examples, counters such as PII per type or duplicate clusters, docs/s and MB/s) in
+pipeline order, after the `read` step's. `summary.md` says the same in a page.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lmforge.data.pipeline.config import PipelineConfig
+from lmforge.data.pipeline.plan import Layout, write_json
+from lmforge.data.pipeline.stats import StepStats
+from lmforge.errors import LmforgeError
+
+RESULT_KEYS = ("input", "steps", "read", "write", "step_config")  # what changes the output
+
+
+def load_finished(layout: Layout, cfg: PipelineConfig) -> dict | None:
+    """The stats of a finished run of the same config, or None; claims a new folder."""
+    config_path = layout.out / "pipeline.json"
+    wanted = {k: v for k, v in cfg.to_dict().items() if k in RESULT_KEYS}
+    if config_path.exists():
+        if json.loads(config_path.read_text()) != wanted:
+            raise LmforgeError(
+                f"{layout.out} holds a pipeline run with another config: "
+                "choose a new --output folder or delete that one"
+            )
+        stats = layout.out / "stats.json"
+        return json.loads(stats.read_text()) if stats.exists() else None
+    if layout.out.exists() and any(layout.out.iterdir()):
+        raise LmforgeError(f"output folder {layout.out} is not empty: choose a new or empty one")
+    write_json(config_path, wanted)
+    return None
+
+
+def merge_results(cfg: PipelineConfig, results: list[dict]) -> list[StepStats]:
+    """Every step's stats over all passes and shards, `read` first, then pipeline order."""
+    merged = {name: StepStats(name) for name in ["read", *cfg.steps]}
+    for result in sorted(results, key=lambda r: (r["pass"], r["shard"])):
+        for obj in result["stats"]:
+            merged[obj["name"]].merge(StepStats.from_dict(obj))
+    return list(merged.values())
+
+
+def finish_run(layout: Layout, cfg: PipelineConfig, results: list[dict], shards: int) -> dict:
+    steps = merge_results(cfg, results)
+    last = steps[-1]
+    stats = {
+        "input": cfg.input,
+        "output": cfg.output,
+        "format": cfg.write.format,
+        "shards": shards,
+        "documents_in": steps[0].docs_in,
+        "bytes_in": steps[0].bytes_in,
+        "documents_out": last.docs_out,
+        "bytes_out": last.bytes_out,
+        "seconds": round(sum(s.seconds for s in steps), 3),
+        "steps": [s.to_dict() for s in steps],
+    }
+    write_json(layout.out / "stats.json", stats)
+    (layout.out / "summary.md").write_text(render_summary(stats))
+    return stats
+
+
+def render_summary(stats: dict) -> str:
+    mb = 1e6
+    lines = [
+        f"# Data pipeline: {stats['output']}",
+        "",
+        f"Input: {', '.join(stats['input'])} ({stats['shards']} shards). "
+        f"{stats['documents_in']:,} documents ({stats['bytes_in'] / mb:.1f} MB) in, "
+        f"{stats['documents_out']:,} ({stats['bytes_out'] / mb:.1f} MB) out as "
+        f"{stats['format']}.",
+        "",
+        "| step | docs in | docs out | removed | MB in | MB out | docs/s | MB/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in stats["steps"]:
+        removed = sum(s["removed"].values())
+        lines.append(
+            f"| {s['name']} | {s['docs_in']:,} | {s['docs_out']:,} | {removed:,} | "
+            f"{s['bytes_in'] / mb:.1f} | {s['bytes_out'] / mb:.1f} | "
+            f"{s['docs_per_s'] or '-'} | {s['mb_per_s'] or '-'} |"
+        )
+    lines += ["", "## Removed, by reason", ""]
+    for s in stats["steps"]:
+        for reason, count in sorted(s["removed"].items(), key=lambda kv: -kv[1]):
+            examples = ", ".join(f"`{e['id']}`" for e in s["examples"].get(reason, []))
+            lines.append(f"- {s['name']} / {reason}: {count:,} (e.g. {examples})")
+    counters = [s for s in stats["steps"] if s["counters"]]
+    if counters:
+        lines += ["", "## Counters", ""]
+        for s in counters:
+            items = ", ".join(f"{k} {v:,}" for k, v in sorted(s["counters"].items()))
+            lines.append(f"- {s['name']}: {items}")
+    return "\n".join(lines) + "\n"

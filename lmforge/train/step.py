@@ -1,0 +1,64 @@
+"""One optimizer step: forward and backward over the micro-batches, then unscale, clip, and
+take or skip the update, all without the host waiting for the device."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from lmforge.train.batches import Batches
+from lmforge.train.clip import clip_grad_norm
+from lmforge.train.compose import Composed
+from lmforge.train.guard import NonFiniteGuard
+from lmforge.train.memory import count_saved_bytes
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # mean over the micro-batches, on the device
+    grad_norm: torch.Tensor
+    skipped: torch.Tensor  # bool: the update was not applied
+    activation_bytes: int = 0  # saved for backward by the first micro-batch, when measured
+
+
+def train_step(
+    model: Composed,
+    optimizer: torch.optim.Optimizer,
+    guard: NonFiniteGuard,
+    batches: Batches,
+    step: int,
+    lr: float,
+    grad_accum_steps: int,
+    grad_clip: float,
+    device: torch.device,
+    measure_memory: bool = False,
+) -> StepResult:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    precision = model.precision
+    loss_sum = torch.zeros((), device=device)
+    activation_bytes = 0
+    for micro in range(grad_accum_steps):
+        x, y = batches.next(step, micro, device)[:2]
+        measuring = measure_memory and micro == 0
+        params = list(model.compute.parameters()) if measuring else []
+        with count_saved_bytes(params) if measuring else contextlib.nullcontext() as counter:
+            loss = model.loss(x, y)
+        if measuring:
+            activation_bytes = counter.bytes
+        precision.scale_loss(loss / grad_accum_steps).backward()
+        loss_sum += loss.detach()
+    model.grads_to_master()
+    params = [p for p in model.master.parameters() if p.grad is not None]
+    precision.unscale_([p.grad for p in params])
+    grad_norm = clip_grad_norm(params, grad_clip)
+    mean_loss = loss_sum / grad_accum_steps
+    bad = guard.check(mean_loss, grad_norm)
+    optimizer.found_inf = bad.float()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    precision.end_step(bad)
+    model.weights_to_compute()
+    return StepResult(mean_loss, grad_norm, bad, activation_bytes)
