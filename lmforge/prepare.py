@@ -1,4 +1,4 @@
-"""Corpus preparation: documents → exact dedup → train/val split → BPE tokenizer → token shards.
+"""Corpus preparation: documents → cleaning → train/val split → BPE tokenizer → token shards.
 
 Each stage writes into its own folder of a preparation directory and is skipped when its output
 is already there, so an interrupted run resumes where it stopped:
@@ -18,8 +18,6 @@ from pathlib import Path
 
 from lmforge.data import (
     Document,
-    ExactDedup,
-    ReadStats,
     is_validation,
     read_documents,
     read_jsonl,
@@ -78,15 +76,15 @@ def prepare_corpus(data: DataConfig, tok: TokenizerConfig, root: str | Path) -> 
 
 
 def prepare_documents(data: DataConfig, out: Path) -> dict:
-    """Read, deduplicate and split documents into `out/{train,val}.jsonl`; returns the stats."""
+    """Read, clean (data pipeline) and split documents into `out/{train,val}.jsonl`; stats."""
     stats_path = out / "stats.json"
     if stats_path.exists():
         print(f"documents: reusing {out}")
         return json.loads(stats_path.read_text())
-    read = ReadStats()
-    source = read_documents(data.path, read) if data.path else stdlib_documents(read)
-    dedup = ExactDedup()
-    docs = bar(dedup(source), desc="documents", unit="doc")
+    from lmforge.data.pipeline.corpus import clean_corpus, drop_shards
+
+    cleaned, summary = clean_corpus(data.path, data.workers, out / "pipeline")
+    docs = bar(cleaned, desc="split", unit="doc")
     val: list[Document] = []
     first_train: list[Document] = []  # the lowest-scoring train doc, in case val ends up empty
 
@@ -106,27 +104,25 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
         n_train = write_jsonl(
             out / "train.jsonl", (d for d in read_jsonl(out / "train.jsonl") if d.id != moved.id)
         )
-    if read.documents == 0:
+    if summary["documents_in"] == 0:
         where = data.path or "the standard library"
         raise LmforgeError(f"no readable text found in {where}: pass UTF-8 .txt or .jsonl data")
     if n_train == 0:
         raise LmforgeError(
-            f"only {read.documents - dedup.removed} distinct document(s): "
+            f"only {len(val)} document(s) left after cleaning: "
             "a validation split needs at least two; add data"
         )
     write_jsonl(out / "val.jsonl", val)
     stats = {
         "source": data.path or "python-stdlib",
-        "files": read.files,
-        "skipped_not_utf8": read.skipped_not_utf8,
-        "documents_in": read.documents,
-        "bytes_in": read.bytes,
-        "duplicates_removed": dedup.removed,
+        **summary,
         "documents": {"train": n_train, "val": len(val)},
     }
     _write_json(stats_path, stats)
+    drop_shards(out / "pipeline")
     print(
-        f"documents: {read.documents} read, {dedup.removed} duplicates removed, "
+        f"documents: {summary['documents_in']} read, {summary['duplicates_removed']} duplicates "
+        f"and {summary['near_duplicates_removed']} near-duplicates removed, "
         f"{n_train} train / {len(val)} val"
     )
     return stats

@@ -60,6 +60,17 @@ SURFACE = {
         "--device",
     },
     "eval": {"--checkpoint", "--data", "--max-batches", "--device"},
+    "data run": {
+        "--config",
+        "--input",
+        "--output",
+        "--steps",
+        "--workers",
+        "--executor",
+        "--address",
+        "--set",
+    },
+    "data train-classifier": {"--positive", "--negative", "--out"},
 }
 
 
@@ -74,7 +85,8 @@ def _commands(parser, prefix=""):
 
 
 def test_cli_surface_is_pinned():
-    found = {name: opts for name, opts in _commands(build_parser()) if name != "tokenizer"}
+    groups = ("tokenizer", "data")
+    found = {name: opts for name, opts in _commands(build_parser()) if name not in groups}
     assert found == SURFACE
 
 
@@ -119,11 +131,14 @@ def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
     report = (out / "report.md").read_text()
     for heading in ("## Result", "## Data", "## Tokenizer", "## Training", "## Samples"):
         assert heading in report
+    assert "| precision | tokens/s | MFU | peak memory | skipped steps |" in report
     assert (out / "plots" / "loss.png").stat().st_size > 5000
     assert (out / "config.toml").read_text().startswith('name = "tiny"')
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < losses[0]
+    logs = [r for r in records if "loss" in r]
+    assert all({"tokens_per_s", "step_time_s", "mfu", "peak_memory_mb"} <= set(r) for r in logs)
     assert (out / "checkpoints" / "step_60" / "model.safetensors").exists()
     for stage in ("documents:", "tokenizer:", "tokens:", "evaluation:", "report:"):
         assert stage in stdout
@@ -173,11 +188,13 @@ def test_generate_continues_the_prompt(speedrun_dir):
 
 def test_eval_on_documents_and_on_shards_agree(speedrun_dir, corpus_dir):
     out, _ = speedrun_dir
-    on_docs = _run("eval", "--checkpoint", out, "--data", corpus_dir)
+    on_docs = _run("eval", "--checkpoint", out, "--data", out / "data" / "val.jsonl")
     on_shards = _run("eval", "--checkpoint", out, "--data", out / "tokens")
     assert on_docs.returncode == 0, on_docs.stderr
     assert "bits/byte" in on_docs.stdout
     assert on_docs.stdout == on_shards.stdout  # the same held-out documents either way
+    raw = _run("eval", "--checkpoint", out, "--data", corpus_dir)  # before cleaning: same split
+    assert raw.returncode == 0 and "bits/byte" in raw.stdout
 
 
 def test_python_api_loads_a_checkpoint(speedrun_dir):

@@ -11,8 +11,8 @@ trailing whitespace on lines and blank lines at the ends. The first occurrence i
 
 `normalized_bytes` works on bytes when that provably gives the same result: when the text has no
 whitespace but tab, newline, carriage return and space, byte-level `strip`/`splitlines`/`rstrip`
-agree with the str ones, and ASCII text is already NFC. Text with lone surrogates is encoded
-with "surrogatepass" rather than raising.
+agree with the str ones; text without characters from U+0300 on is NFC already. Text with lone
+surrogates is encoded with "surrogatepass" rather than raising.
 """
 
 from __future__ import annotations
@@ -26,9 +26,13 @@ import xxhash
 
 from lmforge.data.documents import Document
 
-_ASCII_ODD_SPACE = (b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f")
+_ASCII_ODD_SPACE = b"\x0b\x0c\x1c\x1d\x1e\x1f"
 """ASCII characters that str.isspace() or str.splitlines() treat as whitespace, besides the
 four that bytes and str methods agree on (tab, newline, carriage return, space)."""
+_NUMPY_FROM_BYTES = 8192
+"""Longer ASCII texts are scanned with numpy, and only the ragged ones split into lines; shorter
+ones are split into lines at once, which costs less than the scan."""
+_PLAIN, _RAGGED, _ODD = 0, 1, 2
 
 
 def normalize(text: str) -> str:
@@ -40,17 +44,23 @@ def normalized_bytes(text: str) -> bytes:
     """`normalize(text)` as UTF-8 bytes, computed on bytes where that gives the same result."""
     if text.isascii():
         data = text.encode("ascii")
-        if any(c in data for c in _ASCII_ODD_SPACE):
-            return normalize(text).encode("ascii")
+        if len(data) < _NUMPY_FROM_BYTES:
+            if _has_ascii_odd_space(data):
+                return normalize(text).encode("ascii")
+            return _rstrip_lines(data)
+        kind = _scan(data, True)
     else:
-        text = unicodedata.normalize("NFC", text)
         data = text.encode("utf-8", "surrogatepass")
-        if _has_odd_space(data):
-            return normalize(text).encode("utf-8", "surrogatepass")
-    data = data.strip()
-    if b" \n" in data or b"\t\n" in data or b"\r" in data:
-        data = b"\n".join(line.rstrip() for line in data.splitlines())
-    return data
+        if _may_compose(data):
+            nfc = unicodedata.normalize("NFC", text)
+            if nfc is not text:  # the same object when it was NFC already
+                text, data = nfc, nfc.encode("utf-8", "surrogatepass")
+        kind = _scan(data, False)
+    if kind == _PLAIN:
+        return data.strip()
+    if kind == _RAGGED:
+        return _rstrip_lines(data)
+    return normalize(text).encode("utf-8", "surrogatepass")
 
 
 def fast_text_hash(text: str) -> bytes:
@@ -78,19 +88,56 @@ class ExactDedup:
             yield doc
 
 
-def _has_odd_space(data: bytes) -> bool:
-    r"""Whether UTF-8 `data` holds whitespace or a line break other than \t \n \r and space:
+def _has_ascii_odd_space(data: bytes) -> bool:
+    return (
+        b"\x0b" in data
+        or b"\x0c" in data
+        or b"\x1c" in data
+        or b"\x1d" in data
+        or b"\x1e" in data
+        or b"\x1f" in data
+    )
+
+
+def _may_compose(data: bytes) -> bool:
+    """Whether UTF-8 `data` has a character from U+0300 on (lead byte 0xCC or more): below it,
+    no character changes under NFC or combines with its neighbour."""
+    return bool((np.frombuffer(data, dtype=np.uint8) >= 0xCC).any())
+
+
+def _rstrip_lines(data: bytes) -> bytes:
+    return b"\n".join(map(bytes.rstrip, data.strip().splitlines()))
+
+
+def _scan(data: bytes, ascii: bool) -> int:
+    r"""_ODD when UTF-8 `data` holds whitespace or a line break other than \t \n \r and space:
     \x0b \x0c \x1c-\x1f, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F
-    or U+3000 (what str.isspace() accepts, the line breaks of str.splitlines() among them)."""
+    or U+3000 (what str.isspace() accepts, the line breaks of str.splitlines() among them); else
+    _RAGGED when it has \r or a space or tab before a newline; else _PLAIN."""
+    if _has_ascii_odd_space(data):
+        return _ODD
+    if not ascii:
+        if b"\xc2" in data and _has_pair(data, (0x85C2, 0xA0C2)):
+            return _ODD
+        if (b"\xe1" in data or b"\xe2" in data or b"\xe3" in data) and _has_wide_odd_space(data):
+            return _ODD
+    return _RAGGED if b"\r" in data or _has_pair(data, (0x0A20, 0x0A09)) else _PLAIN
+
+
+def _has_pair(data: bytes, pairs: tuple[int, ...]) -> bool:
+    """Whether two consecutive bytes x, y of `data` make one of the `pairs` (as y << 8 | x)."""
+    for offset in (0, 1):
+        u = np.frombuffer(data, dtype="<u2", count=(len(data) - offset) // 2, offset=offset)
+        if any((u == p).any() for p in pairs):
+            return True
+    return False
+
+
+def _has_wide_odd_space(data: bytes) -> bool:
     b = np.frombuffer(data, dtype=np.uint8)
-    if ((b < 0x20) & (b != 0x09) & (b != 0x0A) & (b != 0x0D)).any():
-        return True
-    follow = b[np.flatnonzero(b[:-1] == 0xC2) + 1]
-    if ((follow == 0x85) | (follow == 0xA0)).any():
-        return True
     at = np.flatnonzero((b[:-2] >= 0xE1) & (b[:-2] <= 0xE3))
-    code = (b[at].astype(np.int32) << 16) | (b[at + 1].astype(np.int32) << 8) | b[at + 2]
-    return bool((code[:, None] == _WIDE_ODD_SPACE).any())
+    wide = (b[at].astype(np.int32) << 16) | (b[at + 1].astype(np.int32) << 8) | b[at + 2]
+    return bool((wide[:, None] == _WIDE_ODD_SPACE).any())
 
 
 _WIDE_ODD_SPACE = np.array(

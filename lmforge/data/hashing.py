@@ -26,7 +26,7 @@ import numpy as np
 _U64 = np.uint64
 _BASE = _U64(0x9E3779B97F4A7C15)  # odd, so invertible modulo 2^64
 _BASE_INV = _U64(pow(int(_BASE), -1, 1 << 64))
-_POWER_CACHE_MAX = 1 << 22
+_SLICE_BYTES = 1 << 22
 _powers: np.ndarray = np.ones(1, dtype=_U64)
 _inverse_powers: np.ndarray = np.ones(1, dtype=_U64)
 
@@ -76,11 +76,29 @@ def word_hashes(
     """Hashes of the words of each text: (uint64 hashes, per-text offsets into them).
 
     `buf` and `starts` come from `encode`; the words of text i are
-    `hashes[offsets[i] : offsets[i + 1]]`.
+    `hashes[offsets[i] : offsets[i + 1]]`. Buffers over a few MB are hashed in slices cut after a
+    separator byte, so memory stays bounded (a word longer than a slice is cut in pieces).
     """
-    n = len(buf)
-    if n == 0:
+    hashes, word_starts = [], []
+    lo = 0
+    while lo < len(buf):
+        hi = min(lo + _SLICE_BYTES, len(buf))
+        if hi < len(buf):
+            separators = np.flatnonzero(buf[hi - _SLICE_BYTES // 4 : hi] <= 32)
+            if len(separators):
+                hi = hi - _SLICE_BYTES // 4 + int(separators[-1]) + 1
+        h, w = _slice_word_hashes(buf[lo:hi], lowercase)
+        hashes.append(h)
+        word_starts.append(w + lo)
+        lo = hi
+    if not hashes:
         return np.zeros(0, dtype=_U64), np.zeros(len(starts), dtype=np.int64)
+    return np.concatenate(hashes), np.searchsorted(np.concatenate(word_starts), starts)
+
+
+def _slice_word_hashes(buf: np.ndarray, lowercase: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Word hashes and word start offsets of one slice of bytes."""
+    n = len(buf)
     if lowercase:
         upper = (buf >= 65) & (buf <= 90)
         buf = buf + (upper.view(np.uint8) << np.uint8(5))
@@ -91,15 +109,13 @@ def word_hashes(
     if in_word[-1]:
         edges = np.concatenate((edges, [n]))
     word_start, word_end = edges[0::2], edges[1::2]
-
     powers, inverse = _power_tables(n)
     with np.errstate(over="ignore"):
         prefix = np.cumsum(buf.astype(_U64) * powers)
         total = prefix[word_end - 1]
         before = prefix[np.maximum(word_start - 1, 0)]
         before[word_start == 0] = 0
-        hashes = fmix64((total - before) * inverse[word_start])
-    return hashes, np.searchsorted(word_start, starts)
+        return fmix64((total - before) * inverse[word_start]), word_start
 
 
 def ngram_hashes(
@@ -149,15 +165,12 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """BASE^i and BASE^-i modulo 2^64 for i < n, cached up to a few MB of text."""
+    """BASE^i and BASE^-i modulo 2^64 for i < n (n at most a slice), cached."""
     global _powers, _inverse_powers
-    if n <= len(_powers):
-        return _powers[:n], _inverse_powers[:n]
-    size = n if n > _POWER_CACHE_MAX else max(n, min(2 * len(_powers), _POWER_CACHE_MAX))
-    powers, inverse = _geometric(_BASE, size), _geometric(_BASE_INV, size)
-    if size <= _POWER_CACHE_MAX:
-        _powers, _inverse_powers = powers, inverse
-    return powers[:n], inverse[:n]
+    if n > len(_powers):
+        size = min(max(n, 2 * len(_powers)), _SLICE_BYTES)
+        _powers, _inverse_powers = _geometric(_BASE, size), _geometric(_BASE_INV, size)
+    return _powers[:n], _inverse_powers[:n]
 
 
 def _geometric(base: np.uint64, size: int) -> np.ndarray:

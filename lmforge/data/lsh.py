@@ -1,7 +1,7 @@
 """LSH banding over MinHash signatures: choosing bands x rows, its S-curve, and candidate pairs.
 
     index = LSHIndex(threshold=0.8, num_perm=128)   # 9 bands x 13 rows, as datasketch picks
-    LSHIndex(0.5, 128, weights=(0.2, 0.8))          # weigh false negatives more: higher recall
+    LSHIndex(0.5, 128, weights=(0.2, 0.8))          # (false pos., false neg.): more recall
     print(index.describe())                         # the choice and P(candidate | Jaccard)
     pairs = index.candidate_pairs(signatures)       # (m, 2) int64 rows i < j, whole batch at once
     index.insert(key, signature); index.query(signature) -> list of keys   # one at a time
@@ -38,14 +38,12 @@ def optimal_bands(
     """(bands, rows) with bands * rows <= num_perm minimizing the weighted error areas."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be between 0 and 1 (exclusive), got {threshold}")
-    grid = np.linspace(0.0, 1.0, 4001)
-    below, above = grid <= threshold, grid >= threshold
+    below, above = np.linspace(0.0, threshold, 401), np.linspace(threshold, 1.0, 401)
     best, best_error = (1, 1), np.inf
     for bands in range(1, num_perm + 1):
         rows = np.arange(1, num_perm // bands + 1)[:, None]
-        p = 1.0 - (1.0 - grid[None, :] ** rows) ** bands
-        fp = _area(p[:, below], grid[below])
-        fn = _area(1.0 - p[:, above], grid[above])
+        fp = _area(candidate_probability(below[None, :], bands, rows), below)
+        fn = _area(1.0 - candidate_probability(above[None, :], bands, rows), above)
         error = fp_weight * fp + fn_weight * fn
         r = int(np.argmin(error))
         if error[r] < best_error - 1e-12:
@@ -58,7 +56,9 @@ def _area(y: np.ndarray, x: np.ndarray) -> np.ndarray:
     return ((y[:, 1:] + y[:, :-1]) * np.diff(x)).sum(axis=1) / 2.0
 
 
-def candidate_probability(jaccard: float | np.ndarray, bands: int, rows: int) -> np.ndarray:
+def candidate_probability(
+    jaccard: float | np.ndarray, bands: int, rows: int | np.ndarray
+) -> np.ndarray:
     """P(two texts are LSH candidates | their Jaccard similarity)."""
     return 1.0 - (1.0 - np.asarray(jaccard, dtype=np.float64) ** rows) ** bands
 

@@ -158,30 +158,30 @@ class NearDedup:
 
     def add_batch(self, texts: Sequence[str]) -> np.ndarray:
         """`add` for each text in order (later texts of the batch see earlier ones)."""
-        grams, offsets = self.hasher.shingles(texts)
-        signatures = self.hasher.signatures_of_shingles(grams, offsets)
-        band_keys = self.index.band_keys(signatures)
         keep = np.ones(len(texts), dtype=bool)
-        for i in range(len(texts)):
-            if (signatures[i] == EMPTY).all():
+        for lo, hi in self.hasher.groups(texts):
+            grams, offsets = self.hasher.shingles(texts[lo:hi])
+            signatures = self.hasher.signatures_of_shingles(grams, offsets)
+            band_keys = self.index.band_keys(signatures)
+            for i in range(hi - lo):
+                if (signatures[i] == EMPTY).all():
+                    self.seen += 1
+                    continue
+                mine = (
+                    sorted_set(grams[offsets[i] : offsets[i + 1]])
+                    if self.verify == "jaccard"
+                    else signatures[i]
+                )
+                candidates = self.index.query_keys(band_keys[i])
+                match = next((c for c in candidates if self._similar(mine, c)), None)
+                if match is not None:
+                    keep[lo + i] = False
+                    self.removed += 1
+                    self.matches.append((self.seen, match))
+                if self.verify != "none":
+                    self._stored[self.seen] = mine
+                self.index.insert_keys(self.seen, band_keys[i])
                 self.seen += 1
-                continue
-            mine = (
-                sorted_set(grams[offsets[i] : offsets[i + 1]])
-                if self.verify == "jaccard"
-                else signatures[i]
-            )
-            match = next(
-                (c for c in self.index.query_keys(band_keys[i]) if self._similar(mine, c)), None
-            )
-            if match is not None:
-                keep[i] = False
-                self.removed += 1
-                self.matches.append((self.seen, match))
-            if self.verify != "none":
-                self._stored[self.seen] = mine
-            self.index.insert_keys(self.seen, band_keys[i])
-            self.seen += 1
         return keep
 
     def clusters(self) -> list[list[int]]:

@@ -21,12 +21,19 @@ def _build() -> dict[int, str]:
 
 BYTE_TO_UNICODE: dict[int, str] = _build()
 UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in BYTE_TO_UNICODE.items()}
+# str.translate tables (C speed): bytes <-> text through Latin-1. Latin-1 characters outside the
+# mapping go to a character Latin-1 cannot encode, so text_to_bytes rejects them.
+_TO_TEXT = {b: c for b, c in BYTE_TO_UNICODE.items()}
+_TO_LATIN1 = {c: 0xFFFF for c in range(256)} | {ord(c): b for c, b in UNICODE_TO_BYTE.items()}
 
 
 def bytes_to_text(token: bytes) -> str:
-    return "".join(BYTE_TO_UNICODE[b] for b in token)
+    return token.decode("latin-1").translate(_TO_TEXT)
 
 
 def text_to_bytes(text: str) -> bytes:
     """Inverse of `bytes_to_text`; raises KeyError on a character outside the mapping."""
-    return bytes(UNICODE_TO_BYTE[c] for c in text)
+    try:
+        return text.translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        raise KeyError(text) from None

@@ -89,6 +89,9 @@ def _count_in_workers(chunks, specials, pattern, workers, progress) -> Counter[s
             _check(procs)
             if exited and done < workers:  # drained after every worker had exited
                 raise RuntimeError("pre-tokenization workers exited without sending their counts")
+    except BaseException:
+        tasks.cancel_join_thread()  # chunks left in the queue must not block this process's exit
+        raise
     finally:
         for p in procs:
             if p.is_alive():

@@ -71,6 +71,11 @@ def load(path: str | Path, backend: str | None = None) -> Tokenizer:
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
         return from_json(_read_json(path), str(path), backend)
+    if path.is_file():
+        raise LmforgeError(
+            f"{path} is a file; pass a tokenizer folder or a tokenizer.json file "
+            "(a .tiktoken file loads with Tokenizer.load_tiktoken and its special tokens)"
+        )
     if not path.is_dir():
         raise LmforgeError(
             f"tokenizer folder {path} not found; pass a folder holding {VOCAB} + {MERGES}, "

@@ -135,17 +135,20 @@ def jsonl_texts(chunk: Chunk) -> Iterator[str]:
 
 
 def _pieces(blocks: Iterable[str], specials: Sequence[str], chunk_bytes: int) -> Iterator[str]:
-    """One long text, arriving in blocks, as pieces of about `chunk_bytes` cut at cut points."""
+    """One long text, arriving in blocks, as pieces of at most about `chunk_bytes`, cut at cut
+    points (or, past MAX_CARRY chunks without one, at a newline)."""
     margin = max((len(s) for s in specials if s), default=1)
     carry = ""
     for block in blocks:
         carry += block
-        if len(carry) < chunk_bytes:
-            continue
-        cut = cut_point(carry, specials, end=len(carry) - margin)
-        if not cut and len(carry) >= MAX_CARRY * chunk_bytes:
-            cut = carry.rfind("\n", 0, len(carry) - margin) + 1 or len(carry) - margin
-        if cut:
+        while len(carry) >= chunk_bytes:
+            last = len(carry) - margin  # a special token may continue past the end
+            cut = cut_point(carry, specials, end=min(chunk_bytes, last))
+            cut = cut or cut_point(carry, specials, end=last)
+            if not cut and len(carry) >= MAX_CARRY * chunk_bytes:
+                cut = carry.rfind("\n", 0, last) + 1 or last
+            if not cut:
+                break  # wait for more text
             yield carry[:cut]
             carry = carry[cut:]
     if carry:

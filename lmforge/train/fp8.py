@@ -39,6 +39,8 @@ class Float8Linear(nn.Module):
         self.register_buffer("amax_history", torch.zeros(3, history, device=device), False)
         self.register_buffer("pending_amax", torch.zeros(3, device=device), False)
         self.register_buffer("scales", torch.ones(3, device=device), False)
+        limits = [_max(INPUT), _max(WEIGHT), _max(GRAD)]
+        self.register_buffer("limits", torch.tensor(limits, device=device), False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kind = x.device.type
@@ -54,12 +56,16 @@ class Float8Linear(nn.Module):
         return torch.where(seen, self.scales[which], _pow2_scale(amax, _max(which)))
 
     @torch.no_grad()
-    def update_scales(self) -> None:
-        self.amax_history.copy_(torch.roll(self.amax_history, 1, dims=1))
-        self.amax_history[:, 0] = self.pending_amax
+    def update_scales(self, skipped: torch.Tensor | None = None) -> None:
+        """Push this step's amax into the history (unless the step was skipped as non-finite)
+        and fix the scales of the next step."""
+        history = torch.roll(self.amax_history, 1, dims=1)
+        history[:, 0] = self.pending_amax
+        if skipped is not None:
+            history = torch.where(skipped, self.amax_history, history)
+        self.amax_history.copy_(history)
         self.pending_amax.zero_()
-        maxes = torch.tensor([_max(INPUT), _max(WEIGHT), _max(GRAD)], device=self.scales.device)
-        self.scales.copy_(_pow2_scale(self.amax_history.amax(dim=1), maxes))
+        self.scales.copy_(_pow2_scale(self.amax_history.amax(dim=1), self.limits))
 
     def extra_repr(self) -> str:
         mode = "real" if self.real else "simulated"

@@ -40,8 +40,9 @@ from lmforge.train.mfu import mfu, peak_flops
 from lmforge.train.optim import build_optimizer
 from lmforge.train.precision import PRECISIONS, make_precision
 from lmforge.train.schedule import lr_at
-from lmforge.train.signals import StopRequest, stop_on_sigterm
+from lmforge.train.signals import stop_requests
 from lmforge.train.step import train_step
+from lmforge.train.throughput import Throughput
 
 CALIBRATION_STEPS = 5
 """Budgeted runs time this many steps (after the first, which pays one-off costs) to fix their
@@ -180,6 +181,9 @@ def train(
         metrics.truncate_after(step)
         print(f"resuming from {existing[-1]} (step {step})")
 
+    flops_per_token = model.flops_per_token(cfg.seq_len)
+    peak = peak_flops(device, precision.matmul)  # measured once per machine, before the clock
+    loader_state = batches.state_dict()  # as of the last completed step: what a checkpoint saves
     session_start = time.perf_counter()
 
     def elapsed() -> float:
@@ -210,27 +214,24 @@ def train(
             model,
             optimizer,
             trainer_state,
-            batches.state_dict(),
+            loader_state,
             run_config or {},
             tokenizer_dir,
         )
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
-    flops_per_token = model.flops_per_token(cfg.seq_len)
-    peak = peak_flops(device, precision.matmul)
     budget_s = cfg.minutes * 60 if not cfg.max_steps else math.inf
     min_lr = cfg.lr * cfg.min_lr_ratio
     step_times: list[float] = []
     activation_bytes = 0
-    window_start, window_steps = time.perf_counter(), 0
+    throughput = Throughput(tokens_per_step, flops_per_token, peak, device)
     interrupted = False
-    stop = StopRequest()
     progress = bar(total=total_steps, initial=step, desc="train", unit="step")
     log = progress.write  # log lines print above the bar
     log(f"precision {precision.describe()}, {flops_per_token / 1e6:.2f} MFLOP/token")
     composed.compute.train()
-    try:
-        with stop_on_sigterm() as stop:
+    with stop_requests() as stop:
+        try:
             while (total_steps is None or step < total_steps) and elapsed() < budget_s:
                 if stop:
                     raise KeyboardInterrupt
@@ -249,15 +250,12 @@ def train(
                     measure_memory=not step_times and device.type != "cuda",
                 )
                 activation_bytes = max(activation_bytes, result.activation_bytes)
+                loader_state = batches.state_dict()
                 step += 1
-                window_steps += 1
+                throughput.step()
                 progress.update()
 
                 if step % cfg.log_every == 0 or step == total_steps:
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
-                    window_s = time.perf_counter() - window_start
-                    tokens_per_s = window_steps * tokens_per_step / window_s
                     memory = peak_memory_bytes(
                         device, [model, composed.compute], optimizer, activation_bytes
                     )
@@ -266,9 +264,7 @@ def train(
                         "loss": round(float(result.loss), 5),
                         "lr": lr,
                         "grad_norm": round(float(result.grad_norm), 4),
-                        "tokens_per_s": round(tokens_per_s, 1),
-                        "step_time_s": round(window_s / window_steps, 4),
-                        "mfu": round(mfu(flops_per_token, tokens_per_s, peak), 4),
+                        **throughput.read(),
                         "skipped_steps": int(guard.skipped),
                         "peak_memory_mb": round(memory / 2**20, 1),
                         **{k: float(v) for k, v in precision.log_fields().items()},
@@ -278,13 +274,13 @@ def train(
                     progress.set_postfix(loss=record["loss"], refresh=False)
                     log(
                         f"step {step}/{total_steps or '?'} loss {record['loss']:.4f} "
-                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s "
+                        f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s "
                         f"{record['step_time_s'] * 1000:.0f} ms/step mfu {record['mfu']:.1%}"
                         + (f" skipped {record['skipped_steps']}" if record["skipped_steps"] else "")
                     )
                     if guard.diverged():
                         raise LmforgeError(_diverged_message(step, cfg.max_bad_steps, last_good))
-                    window_start, window_steps = time.perf_counter(), 0
+                    throughput.reset()
                 step_times.append(time.perf_counter() - t0)
 
                 if total_steps is None and len(step_times) == CALIBRATION_STEPS + 1:
@@ -296,17 +292,18 @@ def train(
                     ev = run_eval()
                     metrics.write(step=step, val_loss=round(ev.loss, 5), val_bpb=round(ev.bpb, 5))
                     log(f"step {step} val loss {ev.loss:.4f} bpb {ev.bpb:.4f}")
-                    window_start, window_steps = time.perf_counter(), 0
+                    throughput.reset()
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     path = checkpoint()
                     last_good = path if guard.clean() else last_good
-    except KeyboardInterrupt:
-        interrupted = True
-        why = f"{stop.signal} received" if stop.signal else "interrupted"
-        log(f"{why} at step {step}: saving a checkpoint (Ctrl-C again to abandon it)")
-    finally:
-        progress.close()
-        batches.close()
+                    throughput.reset()
+        except KeyboardInterrupt:
+            interrupted = True
+            why = f"{stop.signal} received" if stop.signal else "interrupted"
+            log(f"{why} at step {step}: saving a checkpoint (Ctrl-C again to abandon it)")
+        finally:
+            progress.close()
+            batches.close()
 
     if step_times or interrupted or not existing:
         path = checkpoint()

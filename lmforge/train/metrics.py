@@ -18,17 +18,23 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        """Drop records past `step`: a resumed run rewrites the steps it repeats."""
-        if not self.path.exists():
-            return
-        kept = [
-            line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step
-        ]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        """Drop records past `step` (a resumed run rewrites the steps it repeats) and any line
+        a killed process left half written."""
+        kept = [json.dumps(r) for r in read_metrics(self.path) if r["step"] <= step]
+        if self.path.exists():
+            self.path.write_text("".join(line + "\n" for line in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in map(_parse, path.read_text().splitlines()) if r is not None]
+
+
+def _parse(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # the tail of a line cut short by a killed process
+    return record if isinstance(record, dict) and "step" in record else None

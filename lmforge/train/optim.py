@@ -35,7 +35,6 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         found_inf = getattr(self, "found_inf", None)
-        skip_none = torch.zeros(())
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             for p in group["params"]:
@@ -48,7 +47,10 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 # Every change is multiplied by `ok`, so ok = 0 (found_inf) leaves all as it was.
-                ok = 1.0 - (found_inf if found_inf is not None else skip_none).to(p.device)
+                if found_inf is None:
+                    ok = torch.ones((), device=p.device)
+                else:
+                    ok = 1.0 - found_inf.to(p.device, torch.float32)
                 grad = torch.where(ok > 0, p.grad, 0.0)
                 state["step"] += ok
                 t = state["step"].clamp(min=1.0)

@@ -14,6 +14,7 @@ before the log-softmax).
 from __future__ import annotations
 
 import contextlib
+
 import torch
 from torch import nn
 
@@ -130,13 +131,14 @@ class Float8(Autocast):
 
     def end_step(self, bad_step: torch.Tensor) -> None:
         for layer in self.layers:
-            layer.update_scales()
+            layer.update_scales(bad_step.to(layer.scales.device))
 
     def state_dict(self) -> dict:
         return {
             f"fp8.{i}.{name}": buffer.clone()
             for i, layer in enumerate(self.layers)
             for name, buffer in layer.named_buffers()
+            if name != "limits"
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -192,4 +194,3 @@ def auto_precision(device: torch.device) -> str:
     if device.type == "cpu" and peak_flops(device, "bf16") >= 1.5 * peak_flops(device, "fp32"):
         return "bf16"
     return "fp32"
-

@@ -1,4 +1,5 @@
-"""SIGTERM handled like Ctrl-C: the loop finishes its step, checkpoints and returns."""
+"""Stopping a run cleanly: SIGTERM, or a first Ctrl-C, asks the loop to finish its step,
+checkpoint and return; a second Ctrl-C interrupts at once, as usual."""
 
 from __future__ import annotations
 
@@ -17,18 +18,22 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[StopRequest]:
-    """Within the block SIGTERM sets the yielded request instead of killing the process."""
+def stop_requests() -> Iterator[StopRequest]:
+    """Within the block SIGTERM and SIGINT set the yielded request instead of interrupting."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request  # signal handlers can only be installed from the main thread
         return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum: int, frame: object) -> None:
         request.signal = signal.Signals(signum).name
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])  # so a second Ctrl-C interrupts
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    for s in previous:
+        signal.signal(s, handler)
     try:
         yield request
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)

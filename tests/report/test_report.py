@@ -26,7 +26,16 @@ def test_report_has_numbers_plot_and_samples(tmp_path):
         },
         tokenizer={"vocab_size": 512, "bytes_per_token": 3.25},
         model={"parameters": 1_500_000, "shape": "2 layers"},
-        training={"steps": 100, "seconds": 60, "tokens": 5000, "tokens_per_s": 83.3},
+        training={
+            "steps": 100,
+            "seconds": 60,
+            "tokens": 5000,
+            "tokens_per_s": 83.3,
+            "precision": "bf16",
+            "mfu": 0.41,
+            "peak_memory_bytes": 3 * 2**19,
+            "skipped_steps": 2,
+        },
         evaluation={"val_loss": 3.5, "val_bpb": 1.2, "unigram_bpb": 2.4},
         samples=[Sample("def ", "f(x):\n    return x")],
     )
@@ -37,6 +46,7 @@ def test_report_has_numbers_plot_and_samples(tmp_path):
     assert "2.00× fewer bits" in text
     assert "| exact duplicates removed | 1 |" in text
     assert "3.25 bytes per token" in text
+    assert "| bf16 | 83 | 41.0% | 1.5 MB | 2 |" in text
     assert "def f(x):\n    return x" in text
     assert "![loss curve](plots/loss.png)" in text
     png = (tmp_path / "plots" / "loss.png").read_bytes()

@@ -1,10 +1,13 @@
 """Encoding and decoding: round trips, the rank rule, special tokens, merges, pickling."""
 
+import itertools
 import pickle
 import random
 
+import numpy as np
 import pytest
 import regex
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -185,3 +188,43 @@ def test_fingerprint_changes_with_content(trained):
     assert Tokenizer(ranks, {EOT: specials[EOT]}).fingerprint() != base
     top = max(ranks, key=ranks.get)
     assert Tokenizer({t: r for t, r in ranks.items() if t != top}, specials).fingerprint() != base
+
+
+def test_decoding_unknown_ids_raises_clearly(trained):
+    for bad in ([trained.vocab_size], [0, -1], [10**9], [None]):
+        with pytest.raises(LmforgeError, match=r"cannot decode token id .* 0\.\.525"):
+            trained.decode(bad)
+    with pytest.raises(LmforgeError, match="cannot decode"):
+        trained.token_bytes(trained.vocab_size)
+
+
+def test_decoding_a_split_character_gives_replacement(trained):
+    ids = trained.encode_ordinary("日本")
+    byte_ids = [trained.mergeable_ranks[bytes([b])] for b in "日本".encode()]
+    assert trained.decode(byte_ids[:2]) == "\ufffd"
+    assert trained.decode(byte_ids[1:]) == "\ufffd\ufffd本"
+    assert trained.decode(ids) == "日本"
+    with pytest.raises(UnicodeDecodeError):
+        trained.decode(byte_ids[:2], errors="strict")
+
+
+def test_decode_accepts_arrays(trained):
+    ids = trained.encode_ordinary("def f(x): return x")
+    assert trained.decode(np.array(ids, dtype=np.int64)) == "def f(x): return x"
+    assert trained.decode(torch.tensor(ids)) == "def f(x): return x"
+
+
+def test_bad_special_tokens_raise(trained):
+    with pytest.raises(LmforgeError, match="empty"):
+        Tokenizer(trained.mergeable_ranks, {"": trained.vocab_size})
+    with pytest.raises(LmforgeError, match="not unique"):
+        Tokenizer(trained.mergeable_ranks, {EOT: 0})
+
+
+def test_encode_iterable_yields_lazily(trained):
+    def endless():
+        while True:
+            yield "def f(x):\n    return x\n"
+
+    first = list(itertools.islice(trained.encode_iterable(endless()), 12))
+    assert first == trained.encode_ordinary("def f(x):\n    return x\n" * 3)[:12]

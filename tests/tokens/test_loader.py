@@ -179,12 +179,12 @@ def test_segments_start_where_the_real_corpus_has_separators(prepared):
             assert torch.all(seg[:, 1:] - seg[:, :-1] >= 0)
 
 
-def test_pinned_batches_copy_to_cuda(shard):
-    if not torch.cuda.is_available():
-        pytest.skip("pinning needs CUDA")
-    with TokenLoader([DataSource(shard)], 4, 8, seed=0, pin_memory=True) as loader:
-        x, y = loader.next_batch("cuda")
-    assert x.is_cuda and torch.equal(x.cpu() + 1, y.cpu())
+def test_pinning_follows_cuda_availability(shard):
+    """Pinned host memory only pays off for CUDA copies; on a CPU-only machine it stays off."""
+    with TokenLoader([DataSource(shard)], 4, 8, seed=0) as loader:
+        assert loader.pin_memory == torch.cuda.is_available()
+        x, y = loader.next_batch("cpu")
+    assert torch.equal(x + 1, y)
 
 
 def test_mismatched_state_and_bad_layouts_are_clear_errors(shard, tmp_path):

@@ -103,3 +103,29 @@ def test_clip_leaves_small_gradients_alone():
     norm = clip_grad_norm([p], 1.0)
     assert float(norm) == pytest.approx(0.3)
     assert torch.equal(p.grad, torch.tensor([0.1, 0.2, 0.2]))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["lmforge", "torch-fused"])
+def test_found_inf_skips_the_step_on_the_device(fused):
+    from lmforge.train.optim import build_optimizer
+
+    model = nn.Linear(4, 3)
+    opt = build_optimizer(model, lr=0.1, betas=(0.9, 0.95), weight_decay=0.1, fused=fused)
+    assert isinstance(opt, torch.optim.AdamW) == fused
+    model(torch.randn(2, 4)).sum().backward()
+    opt.found_inf = torch.zeros(())
+    opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    state = [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    opt.found_inf = torch.ones(())
+    opt.step()
+    for p, b, s in zip(model.parameters(), before, state, strict=True):
+        assert torch.equal(p, b)
+        assert all(torch.equal(v, opt.state[p][k]) for k, v in s.items())
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.found_inf = torch.zeros(())
+    opt.step()
+    assert not torch.equal(next(model.parameters()), before[0])

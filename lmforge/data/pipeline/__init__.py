@@ -3,9 +3,9 @@
 from lmforge.data.pipeline.config import PipelineConfig, load_pipeline_config
 from lmforge.data.pipeline.registry import STEPS
 from lmforge.data.pipeline.run import run_pipeline
-from lmforge.data.pipeline.stats import StepStats
 from lmforge.data.pipeline.step import Filter, GlobalStep, Step, Transform
 from lmforge.data.pipeline.writers import read_output
+from lmforge.data.stats import StepStats
 
 __all__ = [
     "STEPS",

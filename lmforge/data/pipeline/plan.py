@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from lmforge.data.pipeline.registry import STEPS
-from lmforge.data.pipeline.stats import StepStats
 from lmforge.data.pipeline.step import GlobalStep
 from lmforge.data.pipeline.writers import read_shard_file, shard_name, write_shard
 from lmforge.data.readers import Unit, read_shard
+from lmforge.data.stats import StepStats
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from lmforge.data.pipeline.config import PipelineConfig
+from pathlib import Path
+from typing import Any
+
+from lmforge.data.pipeline.config import PipelineConfig, load_pipeline_config
 from lmforge.data.pipeline.executor import Executor, LocalExecutor
+from lmforge.data.readers import ReadConfig, list_units, plan_shards, read_shard
+from lmforge.data.stats import StepStats
+from lmforge.errors import LmforgeError
 
 
 def make_executor(cfg: PipelineConfig) -> Executor:
@@ -18,3 +24,36 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     """Run `cfg` with its executor; returns the merged stats (also in OUTPUT/stats.json)."""
     with make_executor(cfg) as executor:
         return executor.run(cfg)
+
+
+def data_run(config_path: str | None, flags: dict[str, Any], overrides: list[str]) -> dict:
+    """`lmforge data run`: the config file, then flags, then `--set`; runs and summarizes."""
+    cfg = load_pipeline_config(config_path, flags, overrides)
+    stats = run_pipeline(cfg)
+    print(
+        f"data: {stats['documents_in']:,} documents in, {stats['documents_out']:,} out "
+        f"in {stats['shards']} shard(s); summary: {Path(cfg.output) / 'summary.md'}"
+    )
+    return stats
+
+
+def read_texts(paths: list[str]) -> list[str]:
+    """Every document's text under `paths` (any format the pipeline reads)."""
+    cfg = ReadConfig()
+    stats = StepStats("read")
+    units = [u for shard in plan_shards(list_units(paths), cfg.shard_bytes) for u in shard]
+    return [doc.text for doc in read_shard(units, cfg, stats)]
+
+
+def train_classifier_files(positive: list[str], negative: list[str], out: str) -> Path:
+    """`lmforge data train-classifier`: fit on documents at the two path lists, save to `out`."""
+    from lmforge.data.classifier import train_classifier
+
+    pos, neg = read_texts(positive), read_texts(negative)
+    if not pos or not neg:
+        which = "--positive" if not pos else "--negative"
+        raise LmforgeError(f"{which} holds no readable documents: pass files with text")
+    model = train_classifier(pos, neg)
+    model.save(out)
+    print(f"classifier: trained on {len(pos):,} positive / {len(neg):,} negative, saved to {out}")
+    return Path(out)

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lmforge.data.documents import Document
-from lmforge.data.pipeline.stats import StepStats
+from lmforge.data.stats import StepStats
 
 Progress = Callable[[str, int, int], None]  # (step name, documents, bytes) processed
 
@@ -126,7 +126,11 @@ class GlobalStep(Step):
     def decide(self, shards: list[Arrays]) -> list[Arrays]:
         raise NotImplementedError
 
-    def apply(self, doc: Document, index: int, decision: Arrays) -> Document | str:
+    def prepare(self, decision: Arrays) -> Any:
+        """What `apply` receives: by default the decision arrays themselves."""
+        return decision
+
+    def apply(self, doc: Document, index: int, decision: Any) -> Document | str:
         raise NotImplementedError
 
     def collect(self, docs: Iterable[Document], out: list[Any]) -> Iterator[Document]:
@@ -152,7 +156,7 @@ class _Apply(Step):
         self.name = owner.name  # type: ignore[misc]
         self.stats = owner.stats
         self.owner = owner
-        self.decision = decision
+        self.decision = owner.prepare(decision)
         self.index = 0
 
     def process(self, doc: Document) -> Document | str:

@@ -11,7 +11,7 @@ import json
 
 from lmforge.data.pipeline.config import PipelineConfig
 from lmforge.data.pipeline.plan import Layout, write_json
-from lmforge.data.pipeline.stats import StepStats
+from lmforge.data.stats import StepStats
 from lmforge.errors import LmforgeError
 
 RESULT_KEYS = ("input", "steps", "read", "write", "step_config")  # what changes the output
@@ -87,8 +87,12 @@ def render_summary(stats: dict) -> str:
     lines += ["", "## Removed, by reason", ""]
     for s in stats["steps"]:
         for reason, count in sorted(s["removed"].items(), key=lambda kv: -kv[1]):
-            examples = ", ".join(f"`{e['id']}`" for e in s["examples"].get(reason, []))
-            lines.append(f"- {s['name']} / {reason}: {count:,} (e.g. {examples})")
+            examples = s["examples"].get(reason, [])
+            ids = ", ".join(f"`{e['id']}`" for e in examples)
+            lines.append(f"- {s['name']} / {reason}: {count:,} (e.g. {ids})")
+            if examples and examples[0]["text"].strip():
+                head = " ".join(examples[0]["text"].split())[:100].replace("`", "'")
+                lines.append(f"  - `{head}`")
     counters = [s for s in stats["steps"] if s["counters"]]
     if counters:
         lines += ["", "## Counters", ""]
