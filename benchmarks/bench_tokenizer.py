@@ -6,9 +6,11 @@ files, tests left out. Training: vocabulary 8192 with <|endoftext|> (7935 merges
 by our trainer with 1 and 2 worker processes, Hugging Face's BpeTrainer and rustbpe with 1 and 2
 threads (RAYON_NUM_THREADS). Encoding, one thread, GPT-2's vocabulary: our production path
 (tiktoken's compiled core built from our ranks), tiktoken's gpt2, Hugging Face tokenizers loading
-our tokenizer.json, and our pure-Python reference from a cold cache. Every measurement runs in a
-fresh process, repetitions interleaved; the table shows medians, and ratios compare medians.
-Prints a table and writes benchmarks/results/tokenizer.json.
+our tokenizer.json, and our pure-Python reference from a cold cache, taking turns file by file.
+Every repetition runs in fresh processes, repetitions interleaved. The table shows medians; a
+ratio is the median over repetitions of the ratio within one, so load that varies between
+repetitions (the machine may be shared) cancels out. Prints a table and writes
+benchmarks/results/tokenizer.json.
 
     .venv/bin/python benchmarks/bench_tokenizer.py [--reps 5] [--mb 11]
 """
@@ -219,19 +221,32 @@ def main() -> None:
 
     train_s = {name: statistics.median(v) for name, v in train.items()}
     encode_mbs = {name: statistics.median(v) for name, v in encode.items()}
+
+    # Ratios pair the measurements of one repetition (run back to back, or text by text for
+    # encoding), then take the median: load that changes between repetitions cancels out.
+    def paired(values: dict, a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(values[a], values[b], strict=True))
+
     ratios = {
-        "train: lmforge 1 worker / HF 1 thread (target <= 2)": train_s["lmforge, 1 worker"]
-        / train_s["HF tokenizers, 1 thread"],
-        "train: lmforge 2 workers / HF 2 threads (target <= 1)": train_s["lmforge, 2 workers"]
-        / train_s["HF tokenizers, 2 threads"],
-        "train: lmforge 2 workers / HF 1 thread": train_s["lmforge, 2 workers"]
-        / train_s["HF tokenizers, 1 thread"],
-        "train: lmforge 1 worker / rustbpe 1 thread": train_s["lmforge, 1 worker"]
-        / train_s["rustbpe, 1 thread"],
-        "encode: lmforge production / tiktoken (target >= 0.9)": encode_mbs["lmforge (production)"]
-        / encode_mbs["tiktoken gpt2"],
-        "encode: HF tokenizers / tiktoken": encode_mbs["HF tokenizers"]
-        / encode_mbs["tiktoken gpt2"],
+        "train: lmforge 1 worker / HF 1 thread (target <= 2)": paired(
+            train, "lmforge, 1 worker", "HF tokenizers, 1 thread"
+        ),
+        "train: lmforge 2 workers / HF 2 threads (target <= 1)": paired(
+            train, "lmforge, 2 workers", "HF tokenizers, 2 threads"
+        ),
+        "train: lmforge 2 workers / HF 1 thread": paired(
+            train, "lmforge, 2 workers", "HF tokenizers, 1 thread"
+        ),
+        "train: lmforge 2 workers / lmforge 1 worker": paired(
+            train, "lmforge, 2 workers", "lmforge, 1 worker"
+        ),
+        "train: lmforge 1 worker / rustbpe 1 thread": paired(
+            train, "lmforge, 1 worker", "rustbpe, 1 thread"
+        ),
+        "encode: lmforge production / tiktoken (target >= 0.9)": paired(
+            encode, "lmforge (production)", "tiktoken gpt2"
+        ),
+        "encode: HF tokenizers / tiktoken": paired(encode, "HF tokenizers", "tiktoken gpt2"),
         "encode: lmforge pure Python MB/s (target >= 1)": encode_mbs[
             "lmforge pure Python (cold cache)"
         ],
@@ -251,7 +266,7 @@ def main() -> None:
             f"  {name:<34} {mbs:6.2f} MB/s (best {best:5.2f})  {mbs / tiktoken_mbs:5.2f}x tiktoken"
         )
     print(f"  identical ids from all four: {same_ids}")
-    print("\nratios")
+    print("\nratios (median over repetitions of the ratio within a repetition)")
     for name, value in ratios.items():
         print(f"  {name:<56} {value:6.2f}")
 

@@ -4,7 +4,8 @@ The reference is written here as nanoGPT's train.py sets it up for a character-l
 architecture (learned positions, LayerNorm with biases, GELU MLP, tied embeddings),
 torch.optim.AdamW (not fused, as nanoGPT does on a CPU), one thread, no compile. lmforge trains
 its own Llama-style model through its real training step (lmforge.train.step.train_step), at
-the same shape: n_layer=4, n_head=4, n_embd=128, block 256, batch 16, a 65-symbol vocabulary.
+the same shape: n_layer=4, n_head=4, n_embd=128, block 256, batch 16, a 65-symbol vocabulary,
+eager and with `--compile` (torch.compile per block).
 
 Reported per (implementation, precision): tokens/s (median of interleaved repetitions), MFU
 against this CPU's matmul peak in that precision (measured here), and the validation loss both
@@ -148,7 +149,7 @@ class Reference:
 
 
 class Lmforge:
-    def __init__(self, precision: str) -> None:
+    def __init__(self, precision: str, compile: bool = False) -> None:
         torch.manual_seed(0)
         device = torch.device("cpu")
         config = ModelConfig(
@@ -156,7 +157,9 @@ class Lmforge:
         )
         self.model = Transformer(config)
         self.optimizer = build_optimizer(self.model, LR, BETAS, WEIGHT_DECAY)
-        self.composed = compose(self.model, make_precision(precision, device), device)
+        self.composed = compose(
+            self.model, make_precision(precision, device), device, compile=compile
+        )
         self.guard = NonFiniteGuard(device, max_bad_steps=10**9)
         self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self.flops_per_token = self.model.flops_per_token(BLOCK)
@@ -200,15 +203,15 @@ def batch(data: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
 
-def time_steps(trainer, data: torch.Tensor, steps: int, warmup: int = 2) -> float:
-    """Median seconds per step after `warmup` steps."""
+def time_steps(trainer, data: torch.Tensor, steps: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of `steps` steps after `warmup` untimed ones."""
     times = []
     for i in range(warmup + steps):
         x, y = batch(data, 10_000 + i)
         t0 = time.perf_counter()
         float(trainer.step(x, y, LR))
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[warmup:])
+    return times[warmup:]
 
 
 @torch.no_grad()
@@ -232,8 +235,8 @@ def train_for(trainer, data: torch.Tensor, val: torch.Tensor, steps: int) -> flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="training steps for the loss check")
-    parser.add_argument("--reps", type=int, default=3, help="timing repetitions, interleaved")
-    parser.add_argument("--timed-steps", type=int, default=12, help="steps per repetition")
+    parser.add_argument("--reps", type=int, default=8, help="timing repetitions, interleaved")
+    parser.add_argument("--timed-steps", type=int, default=5, help="steps per repetition")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -246,13 +249,20 @@ def main() -> None:
         f"bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s ({peaks['bf16'] / peaks['fp32']:.2f}x)"
     )
 
-    configs = [(impl, p) for p in ("fp32", "bf16") for impl in ("nanoGPT", "lmforge")]
-    make = {"nanoGPT": Reference, "lmforge": Lmforge}
+    impls = ("nanoGPT", "lmforge", "lmforge --compile")
+    configs = [(impl, p) for p in ("fp32", "bf16") for impl in impls]
+    make = {
+        "nanoGPT": Reference,
+        "lmforge": Lmforge,
+        "lmforge --compile": lambda p: Lmforge(p, compile=True),
+    }
     trainers = {c: make[c[0]](c[1]) for c in configs}
+    for c in configs:  # one-off costs (compilation, kernel selection) before any timing
+        time_steps(trainers[c], data, 2)
     seconds: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
     for rep in range(args.reps):
         for c in configs:
-            seconds[c].append(time_steps(trainers[c], data, args.timed_steps))
+            seconds[c] += time_steps(trainers[c], data, args.timed_steps)
         print(f"repetition {rep + 1}/{args.reps} done")
 
     rows = []
@@ -266,8 +276,9 @@ def main() -> None:
                 "impl": impl,
                 "precision": precision,
                 "tokens_per_s": round(tokens_per_s),
-                "tokens_per_s_reps": [round(BATCH * BLOCK / s) for s in seconds[impl, precision]],
+                "tokens_per_s_best": round(BATCH * BLOCK / min(seconds[impl, precision])),
                 "step_ms": round(step_s * 1000, 1),
+                "step_ms_all": [round(t * 1000, 1) for t in seconds[impl, precision]],
                 "flops_per_token": trainer.flops_per_token,
                 "mfu": round(trainer.flops_per_token * tokens_per_s / peaks[precision], 4),
                 "val_loss": round(loss, 4),
@@ -288,14 +299,25 @@ def main() -> None:
         / base["val_loss"],
         "lmforge_bf16_vs_lmforge_fp32_val_loss": by["lmforge", "bf16"]["val_loss"]
         / by["lmforge", "fp32"]["val_loss"],
+        "lmforge_compile_fp32_vs_nanogpt_fp32_tokens_per_s": by["lmforge --compile", "fp32"][
+            "tokens_per_s"
+        ]
+        / base["tokens_per_s"],
+        "lmforge_compile_bf16_vs_nanogpt_fp32_tokens_per_s": by["lmforge --compile", "bf16"][
+            "tokens_per_s"
+        ]
+        / base["tokens_per_s"],
     }
     print()
-    print("| implementation | precision | tokens/s (median) | ms/step | MFU | val loss |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| implementation | precision | tokens/s (median) | tokens/s (best) | ms/step | MFU "
+        f"| val loss after {args.steps} steps |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['impl']} | {r['precision']} | {r['tokens_per_s']:,} | {r['step_ms']} | "
-            f"{r['mfu']:.1%} | {r['val_loss']:.4f} |"
+            f"| {r['impl']} | {r['precision']} | {r['tokens_per_s']:,} | "
+            f"{r['tokens_per_s_best']:,} | {r['step_ms']} | {r['mfu']:.1%} | {r['val_loss']:.4f} |"
         )
     print()
     for k, v in ratios.items():

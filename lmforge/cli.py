@@ -101,6 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_tokenizer_train)
 
+    p = tok_commands.add_parser(
+        "stats",
+        help="bytes per token of tokenizers side by side on the same text",
+        description="Compression of each tokenizer (UTF-8 bytes per token) on the same documents.",
+    )
+    p.add_argument(
+        "--tokenizer",
+        nargs="+",
+        required=True,
+        metavar="DIR",
+        help="tokenizer folders, .tiktoken files, or 'gpt2' (tiktoken's GPT-2)",
+    )
+    p.add_argument(
+        "--input", nargs="*", default=[], metavar="PATH", help="documents (default: the stdlib)"
+    )
+    p.set_defaults(func=cmd_tokenizer_stats)
+
     p = commands.add_parser("tokenize", help="encode documents into train/val token shards")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder")
     p.add_argument(
@@ -300,6 +317,16 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         args.input, tok, args.out, workers=args.workers, invalid_utf8=args.invalid_utf8
     )
     print(f"tokenizer: vocab {tokenizer.vocab_size} written to {args.out}")
+    return 0
+
+
+def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
+    from lmforge.prepare import read_inputs
+    from lmforge.tokenizer.stats import compression, format_table, load_named
+
+    tokenizers = {name: load_named(name) for name in args.tokenizer}
+    texts = (doc.text for doc in read_inputs(args.input))
+    print(format_table(compression(tokenizers, texts)))
     return 0
 
 

@@ -33,6 +33,7 @@ SURFACE = {
         "--workers",
         "--invalid-utf8",
     },
+    "tokenizer stats": {"--tokenizer", "--input"},
     "tokenize": {"--tokenizer", "--input", "--out", "--val-fraction", "--workers"},
     "train": {
         "--preset",

@@ -52,7 +52,7 @@ class Float8Linear(nn.Module):
         amax = t.detach().abs().amax().float()
         with torch.no_grad():
             self.pending_amax[which] = torch.maximum(self.pending_amax[which], amax)
-        seen = self.amax_history[which, 0] > 0
+        seen = self.amax_history[which].amax() > 0
         return torch.where(seen, self.scales[which], _pow2_scale(amax, _max(which)))
 
     @torch.no_grad()
