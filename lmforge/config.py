@@ -74,6 +74,7 @@ def small() -> RunConfig:
             eval_batches=16,
             log_every=10,
             checkpoint_every=200,
+            precision="auto",  # bf16 where measured fast: 1.35x the tokens, lower bpb (README)
         ),
     )
 

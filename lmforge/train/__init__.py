@@ -1,4 +1,4 @@
-"""Training: optimizer, schedule, clipping, checkpoints, metrics and the loop that uses them."""
+"""Training: the loop, its step, precision, memory, optimizer, schedule, checkpoints and metrics."""
 
 from lmforge.train.checkpoint import (
     list_checkpoints,
