@@ -44,6 +44,19 @@ def write_report(run_dir: str | Path, data: ReportData) -> Path:
     return path
 
 
+def _cleaning(stats: dict) -> list[str]:
+    """Rows for what the data pipeline removed or masked, when it ran."""
+    rows = []
+    if "near_duplicates_removed" in stats:
+        rows.append(f"| near duplicates removed (MinHash) | {stats['near_duplicates_removed']} |")
+    for name, key in (("quality rules removed", "quality_removed"), ("PII masked", "pii_masked")):
+        counts = stats.get(key) or {}
+        if counts:
+            detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            rows.append(f"| {name} | {sum(counts.values())} ({detail}) |")
+    return rows
+
+
 def _throughput(tr: dict) -> list[str]:
     if "precision" not in tr:
         return []
@@ -83,6 +96,7 @@ def render(data: ReportData, plot_path: str) -> str:
         f"| files read | {stats['files']} (skipped, not UTF-8: {stats['skipped_not_utf8']}) |",
         f"| documents in | {stats['documents_in']} ({stats['bytes_in'] / 1e6:.1f} MB) |",
         f"| exact duplicates removed | {stats['duplicates_removed']} |",
+        *_cleaning(stats),
         f"| documents train / val | {stats['documents']['train']} / {stats['documents']['val']} |",
         f"| tokens train / val | {stats['tokens']['train']:,} / {stats['tokens']['val']:,} |",
         "",

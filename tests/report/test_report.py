@@ -21,6 +21,8 @@ def test_report_has_numbers_plot_and_samples(tmp_path):
             "documents_in": 3,
             "bytes_in": 10,
             "duplicates_removed": 1,
+            "near_duplicates_removed": 2,
+            "pii_masked": {"email": 4, "ipv4": 1},
             "documents": {"train": 1, "val": 1},
             "tokens": {"train": 1000, "val": 100},
         },
@@ -45,6 +47,8 @@ def test_report_has_numbers_plot_and_samples(tmp_path):
     assert "| unigram baseline bits per byte | 2.4000 |" in text
     assert "2.00× fewer bits" in text
     assert "| exact duplicates removed | 1 |" in text
+    assert "| near duplicates removed (MinHash) | 2 |" in text
+    assert "| PII masked | 5 (email 4, ipv4 1) |" in text
     assert "3.25 bytes per token" in text
     assert "| bf16 | 83 | 41.0% | 1.5 MB | 2 |" in text
     assert "def f(x):\n    return x" in text
