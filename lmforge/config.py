@@ -38,6 +38,11 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def validate(self) -> None:
+        """Refuse bad settings before any work starts (data preparation takes a while)."""
+        self.model.validate()
+        self.train.validate()
+
 
 def tiny() -> RunConfig:
     """Seconds on a CPU: for tests and smoke runs."""

@@ -50,6 +50,7 @@ def pretrain(
     into a cache shared by runs with the same data and tokenizer settings.
     """
     out = Path(out_dir)
+    cfg.validate()
     claim_run_dir(cfg, out, fresh)
     prepared = None
     if shard_dir is None:
@@ -64,6 +65,7 @@ def pretrain(
 def speedrun(cfg: RunConfig, out_dir: str | Path, fresh: bool = False) -> Path:
     """Run every stage into `out_dir`; return the path of `report.md`."""
     out = Path(out_dir)
+    cfg.validate()
     claim_run_dir(cfg, out, fresh)
     prepared = prepare_corpus(cfg.data, cfg.tokenizer, out)
     result = train(cfg.model, cfg.train, prepared.shard_dir, out, run_config=to_dict(cfg))

@@ -215,6 +215,7 @@ def test_python_api_loads_a_checkpoint(speedrun_dir):
     [
         (["train", "--preset", "huge"], "unknown preset 'huge'"),
         (["train", "--preset", "tiny", "--set", "train.nope=1"], "unknown key train.nope"),
+        (["train", "--preset", "tiny", "--set", "train.precision=fp9"], "choose one of fp32"),
         (["speedrun", "--preset", "tiny", "--data", "/no/such/path"], "does not exist"),
         (["generate", "--checkpoint", "/no/such/run", "--prompt", "x"], "no checkpoint found"),
         (["eval", "--checkpoint", "/no/such/run"], "no checkpoint found"),
