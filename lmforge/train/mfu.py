@@ -64,12 +64,13 @@ def measure_matmul_flops(
     Several sizes, because a dtype without native kernels (fp16 on most CPUs) is fastest on
     small matrices while native kernels need large ones to reach their peak."""
     device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(0)  # leave the global RNG untouched
     best = 0.0
     for size in MEASURE_SIZES:
         if best and 2.0 * size**3 / best > seconds / len(MEASURE_SIZES):
             continue  # one matmul of this size would take longer than its share of the time
-        a = torch.randn(size, size, device=device).to(DTYPES[dtype])
-        b = torch.randn(size, size, device=device).to(DTYPES[dtype])
+        a = torch.randn(size, size, device=device, generator=generator).to(DTYPES[dtype])
+        b = torch.randn(size, size, device=device, generator=generator).to(DTYPES[dtype])
         flops = 2.0 * size**3
         a @ b  # warm-up: kernel selection, page faults
         deadline = time.perf_counter() + seconds / len(MEASURE_SIZES)
