@@ -27,7 +27,13 @@ $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-dev
 demo: $(VENV)/.installed
 	$(BIN)/lmforge speedrun $(ARGS)
 
-test: $(VENV)/.installed-dev
+# The web chat page's test drives Debian's Chromium; playwright never downloads a browser.
+$(VENV)/.chromium: | $(BIN)/python
+	test -x /usr/bin/chromium || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; }
+	touch $@
+
+test: $(VENV)/.installed-dev $(VENV)/.chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-bench

@@ -150,14 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(p)
     p.set_defaults(func=cmd_train)
 
-    p = commands.add_parser("generate", help="complete a prompt with a trained model")
+    p = commands.add_parser(
+        "generate",
+        help="complete a prompt (or a file of prompts) with a trained model",
+        description="One --prompt streams its completion; --prompts-file, --logprobs or "
+        "--beams print one JSON line per prompt.",
+    )
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
-    p.add_argument("--prompt", required=True, help="text to continue")
+    prompts = p.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt", help="text to continue")
+    prompts.add_argument(
+        "--prompts-file", metavar="FILE", help="one prompt per line, or JSON lines with 'prompt'"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
+    p.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top one")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help=">1 avoids repeats")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI style, -2..2")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI style, -2..2")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--seed", type=int, help="random seed for reproducible samples")
+    p.add_argument("--logprobs", action="store_true", help="print each token's log-probability")
+    p.add_argument("--beams", type=int, default=0, help="beam search with this many beams")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score: sum/len**this")
+    p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.set_defaults(func=cmd_generate)
 
@@ -172,7 +191,94 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.set_defaults(func=cmd_eval)
     _data_commands(commands)
+    _hf_commands(commands)
+    _bench_commands(commands)
+    _serve_commands(commands)
+    _plan_command(commands)
     return parser
+
+
+def _serve_commands(commands) -> None:
+    p = commands.add_parser(
+        "serve",
+        help="serve a checkpoint over an OpenAI-compatible HTTP API, with a chat page at /",
+        description="/v1/models, /v1/completions and /v1/chat/completions (streaming with "
+        "stream: true), continuously batched; a web chat page at /. Needs the serve extra: "
+        "pip install 'lmforge[serve]'.",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together")
+    p.add_argument("--model-name", help="the model's name in the API (default: the folder name)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    p.set_defaults(func=cmd_serve)
+
+    p = commands.add_parser(
+        "chat",
+        help="chat with a checkpoint in the terminal",
+        description="A conversation through the tokenizer's chat template; the oldest turns "
+        "are left out when it outgrows the context. /reset starts over, /exit quits.",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--max-tokens", type=int, default=128, help="longest reply, in tokens")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, help="random seed for reproducible replies")
+    p.add_argument("--system", help="a system message that starts the conversation")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    p.set_defaults(func=cmd_chat)
+
+
+def _hf_commands(commands) -> None:
+    p = commands.add_parser(
+        "export",
+        help="write a checkpoint as a Hugging Face LlamaForCausalLM folder",
+        description="Write config.json, generation_config.json, model.safetensors and the "
+        "tokenizer files, loadable with transformers' from_pretrained.",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--format", default="hf", choices=["hf"], help="output format")
+    p.add_argument("--out", required=True, help="new folder to write")
+    p.set_defaults(func=cmd_export)
+
+    p = commands.add_parser(
+        "import",
+        help="read a Hugging Face Llama folder into an lmforge checkpoint",
+        description="Read config.json, model.safetensors (or its sharded index) and "
+        "tokenizer.json (or vocab.json + merges.txt) of a LlamaForCausalLM folder.",
+    )
+    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="HF model folder")
+    p.add_argument("--out", required=True, help="new checkpoint folder to write")
+    p.set_defaults(func=cmd_import)
+
+
+def _plan_command(commands) -> None:
+    p = commands.add_parser(
+        "plan",
+        help="predict memory, FLOPs, communication, step time and inference speed of a run",
+        description="Size a run on paper: parameters, FLOPs, memory per device, communication "
+        "per step, step time and MFU, and inference speed, for a model on a hardware and "
+        "parallel layout. --explain shows the formula behind every line.",
+    )
+    p.add_argument("--model", required=True, help="preset name or TOML run config")
+    p.add_argument(
+        "--hardware", default="h100-sxm", help="device of the hardware table or cpu-local"
+    )
+    p.add_argument("--gpus", type=int, default=1, help="devices in all")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--interconnect", default="nvlink4,ib-ndr", help="INTRA,INTER link names")
+    p.add_argument("--parallel", help="e.g. fsdp=8,tp=8 (also dp=, zero=0..3, sp=1); default FSDP")
+    p.add_argument("--precision", default="bf16", help="fp32, bf16, fp16 or fp8")
+    p.add_argument("--seq-len", type=int, help="training sequence and inference context length")
+    p.add_argument("--global-batch-tokens", default="4M", help="tokens per step (K/M/B suffixes)")
+    p.add_argument("--tokens", help="tokens of the run (default: 20 per active parameter)")
+    p.add_argument("--activation-checkpointing", default="none", help="none, full or selective")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per pass")
+    p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU of the compute (0.4)")
+    p.add_argument("--explain", action="store_true", help="show the formula behind each line")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
 
 
 def _data_commands(commands) -> None:
@@ -209,6 +315,29 @@ def _data_commands(commands) -> None:
     p.add_argument("--negative", nargs="+", required=True, metavar="PATH", help="raw data R")
     p.add_argument("--out", required=True, metavar="FILE", help="model file to write")
     p.set_defaults(func=cmd_data_train_classifier)
+
+
+def _bench_commands(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks of the machine lmforge runs on")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="COMMAND")
+    p = bench_commands.add_parser(
+        "comm",
+        help="latency and bandwidth of collectives (run under torchrun)",
+        description="Latency, algorithm and bus bandwidth of each collective per message size, "
+        "as nccl-tests reports them. Launch with `torchrun --nproc-per-node N -m lmforge bench "
+        "comm`; without torchrun it runs on one process.",
+    )
+    p.add_argument("--sizes", default="1K..64M", help="message sizes, powers of two: 1K..256M")
+    p.add_argument(
+        "--ops",
+        default="all",
+        help="all, or a comma list of all_reduce,all_gather,reduce_scatter,broadcast,all_to_all",
+    )
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per op and size")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(func=cmd_bench_comm)
 
 
 def _config_options(p: argparse.ArgumentParser) -> None:
@@ -341,24 +470,45 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lmforge.infer import stream_text
-    from lmforge.train.checkpoint import load_checkpoint
+    from lmforge.infer.engine import SamplingParams
+    from lmforge.infer.run import read_prompts, run_generate
 
-    model, tokenizer = load_checkpoint(args.checkpoint, args.device)
-    sys.stdout.write(args.prompt)
-    for piece in stream_text(
-        model,
-        tokenizer,
-        args.prompt,
-        args.max_new_tokens,
+    params = SamplingParams(
+        max_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        stop=tuple(args.stop),
         seed=args.seed,
-    ):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+        logprobs=args.logprobs,
+    )
+    params.validate()
+    prompts = [args.prompt] if args.prompts_file is None else read_prompts(args.prompts_file)
+    run_generate(
+        args.checkpoint,
+        prompts,
+        params,
+        stream=args.prompts_file is None and not args.logprobs and not args.beams,
+        beams=args.beams,
+        length_penalty=args.length_penalty,
+        batch_size=args.batch_size,
+        compile=args.compile,
+        device=args.device,
+    )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from lmforge.plan.command import run_plan
+
+    flags = vars(args).copy()
+    for key in ("func", "command", "json", "hardware"):
+        flags.pop(key)
+    print(run_plan(as_json=args.json, hardware_name=args.hardware, **flags), end="")
     return 0
 
 
@@ -372,6 +522,41 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"val loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte "
         f"({result.tokens:,} tokens, {result.bytes:,} bytes)"
     )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from lmforge.infer.server import serve
+    except ModuleNotFoundError as e:
+        raise LmforgeError(f"lmforge serve needs {e.name}: pip install 'lmforge[serve]'") from e
+
+    serve(args.checkpoint, args.host, args.port, args.max_batch_size, args.model_name, args.device)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from lmforge.infer.chat import run_chat
+    from lmforge.infer.engine import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
+    run_chat(args.checkpoint, params, args.system, args.device)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from lmforge.model.hf import export_checkpoint
+
+    print(f"exported {export_checkpoint(args.checkpoint, args.out)} ({args.format})")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from lmforge.model.hf import import_checkpoint
+
+    print(f"imported {args.source} as checkpoint {import_checkpoint(args.source, args.out)}")
     return 0
 
 
@@ -394,4 +579,12 @@ def cmd_data_train_classifier(args: argparse.Namespace) -> int:
     from lmforge.data.pipeline.run import train_classifier_files
 
     train_classifier_files(args.positive, args.negative, args.out)
+    return 0
+
+
+def cmd_bench_comm(args: argparse.Namespace) -> int:
+    from lmforge.parallel.comm_bench import bench_comm, parse_ops, parse_sizes
+
+    sizes, ops = parse_sizes(args.sizes), parse_ops(args.ops)
+    bench_comm(sizes, ops, args.iters, args.warmup, args.device, args.json)
     return 0

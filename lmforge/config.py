@@ -105,7 +105,103 @@ def gpt2_124m() -> RunConfig:
     )
 
 
-PRESETS = {"tiny": tiny, "small": small, "gpt2-124m": gpt2_124m}
+def _gpu_pretraining(seq_len: int, lr: float) -> TrainConfig:
+    """Defaults for the published shapes below: about 4M tokens per step on a GPU cluster."""
+    return TrainConfig(
+        batch_size=1,
+        seq_len=seq_len,
+        grad_accum_steps=4 * 2**20 // seq_len,
+        lr=lr,
+        warmup_steps=2000,
+        max_steps=25_000,
+        eval_every=1000,
+        eval_batches=20,
+        log_every=10,
+        checkpoint_every=1000,
+        precision="bf16",
+    )
+
+
+def llama2_7b() -> RunConfig:
+    """Llama 2 7B's shape: 6,738,415,616 parameters (Touvron et al. 2023)."""
+    return RunConfig(
+        name="llama2-7b",
+        model=ModelConfig(
+            vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, d_ff=11008, max_seq_len=4096
+        ),
+        tokenizer=TokenizerConfig(vocab_size=32000),
+        train=_gpu_pretraining(4096, 3e-4),
+    )
+
+
+def llama3_8b() -> RunConfig:
+    """Llama 3 8B's shape: 8,030,261,248 parameters, grouped-query attention (8 KV heads)."""
+    return RunConfig(
+        name="llama3-8b",
+        model=ModelConfig(
+            vocab_size=128256,
+            d_model=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            d_ff=14336,
+            max_seq_len=8192,
+            rope_theta=500000.0,
+        ),
+        tokenizer=TokenizerConfig(vocab_size=128256),
+        train=_gpu_pretraining(8192, 3e-4),
+    )
+
+
+def llama3_70b() -> RunConfig:
+    """Llama 3 70B's shape: 70,553,706,496 parameters, grouped-query attention (8 KV heads)."""
+    return RunConfig(
+        name="llama3-70b",
+        model=ModelConfig(
+            vocab_size=128256,
+            d_model=8192,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            d_ff=28672,
+            max_seq_len=8192,
+            rope_theta=500000.0,
+        ),
+        tokenizer=TokenizerConfig(vocab_size=128256),
+        train=_gpu_pretraining(8192, 1.5e-4),
+    )
+
+
+def mixtral_8x7b() -> RunConfig:
+    """Mixtral 8x7B's shape: 46,702,792,704 parameters, 2 of 8 experts active per token."""
+    return RunConfig(
+        name="mixtral-8x7b",
+        model=ModelConfig(
+            vocab_size=32000,
+            d_model=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            d_ff=14336,
+            max_seq_len=32768,
+            rope_theta=1e6,
+            n_experts=8,
+            experts_per_token=2,
+        ),
+        tokenizer=TokenizerConfig(vocab_size=32000),
+        train=_gpu_pretraining(4096, 3e-4),
+    )
+
+
+PRESETS = {
+    "tiny": tiny,
+    "small": small,
+    "gpt2-124m": gpt2_124m,
+    "llama2-7b": llama2_7b,
+    "llama3-8b": llama3_8b,
+    "llama3-70b": llama3_70b,
+    "mixtral-8x7b": mixtral_8x7b,
+}
 
 
 def preset(name: str) -> RunConfig:

@@ -43,7 +43,10 @@ class DataConfig:
 class TokenizerConfig:
     vocab_size: int = 4096
     pattern: str = "gpt2"
-    special_tokens: list[str] = field(default_factory=lambda: ["<|endoftext|>"])
+    # <|endoftext|> separates documents; the ChatML pair marks chat turns (infer/chat_template.py)
+    special_tokens: list[str] = field(
+        default_factory=lambda: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    )
     train_bytes: int = 0  # 0: all training documents; else the first N bytes of them
 
 

@@ -1,7 +1,9 @@
-"""The key/value cache that lets decoding feed only new tokens to the model.
+"""The key/value caches that let decoding feed only new tokens to the model.
 
 Each layer's attention writes its rotated keys and values at `pos` through `update`; the
 transformer calls `advance` once all layers have written, so every layer sees the same `pos`.
+`KVCache` keeps one position for its whole batch; `SlotKVCache` is the engine's preallocated
+pool of sequence slots, each at its own position.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ class KVCache:
         self.batch_size = batch_size
         self.max_seq_len = max_seq_len
         self.pos = 0  # how many positions are filled
+
+    @classmethod
+    def from_buffers(cls, k: list[torch.Tensor], v: list[torch.Tensor], pos: int = 0) -> KVCache:
+        """A cache over existing per-layer tensors (B, H_kv, S, D), e.g. views of one slot."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v = k, v
+        cache.batch_size, _, cache.max_seq_len, _ = k[0].shape
+        cache.pos = pos
+        return cache
 
     @classmethod
     def for_model(
@@ -82,3 +93,50 @@ class KVCache:
 
     def reset(self) -> None:
         self.pos = 0
+
+
+class SlotKVCache:
+    """A preallocated pool of `n_slots` sequences, each with its own length.
+
+    A decode step runs every slot at once (static shapes): slot b writes its new key and value at
+    position `pos[b]` and attends to its own keys 0 .. pos[b]. Attention reads only the first
+    `kv_len` positions, a bucket the engine sets above the longest slot. Prefill writes a
+    prompt into one slot through `slot(i)`, an ordinary `KVCache` over that slot's rows.
+    """
+
+    def __init__(self, model: Transformer, n_slots: int, max_seq_len: int | None = None) -> None:
+        c = model.config
+        weight = model.tok_embeddings.weight
+        self.max_seq_len = c.max_seq_len if max_seq_len is None else max_seq_len
+        shape = (n_slots, c.kv_heads, self.max_seq_len, c.head_dim)
+        self.k = [torch.zeros(shape, dtype=weight.dtype, device=weight.device)]
+        self.k += [torch.zeros_like(self.k[0]) for _ in range(c.n_layers - 1)]
+        self.v = [torch.zeros_like(self.k[0]) for _ in range(c.n_layers)]
+        self.batch_size = n_slots
+        self.rows = torch.arange(n_slots, device=weight.device)
+        self.pos = torch.zeros(n_slots, dtype=torch.long, device=weight.device)
+        self.kv_len = self.max_seq_len
+
+    def slot(self, i: int, pos: int = 0) -> KVCache:
+        """Slot i alone as a batch-of-one cache whose next token goes to position `pos`."""
+        return KVCache.from_buffers(
+            [k[i : i + 1] for k in self.k], [v[i : i + 1] for v in self.v], pos
+        )
+
+    def check_fits(self, batch_size: int, n_new: int) -> None:
+        if batch_size != self.batch_size or n_new != 1:
+            raise LmforgeError(
+                f"a slot cache decodes one token for each of its {self.batch_size} slots, "
+                f"got {batch_size} x {n_new}: prefill through slot(i)"
+            )
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, H_kv, 1, D) at each slot's own position; return the first kv_len."""
+        self.k[layer][self.rows, :, self.pos] = k[:, :, 0]
+        self.v[layer][self.rows, :, self.pos] = v[:, :, 0]
+        return self.k[layer][:, :, : self.kv_len], self.v[layer][:, :, : self.kv_len]
+
+    def advance(self, n: int) -> None:
+        """Positions belong to the engine, which moves each slot on its own."""

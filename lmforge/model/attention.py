@@ -16,14 +16,19 @@ if TYPE_CHECKING:
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor = 0
 ) -> torch.Tensor:
     """Attention of T queries at positions start.. over keys at positions 0 .. start+T-1.
 
-    q is (B, H, T, D); k, v are (B, H_kv, start+T, D) with H_kv dividing H.
+    q is (B, H, T, D); k, v are (B, H_kv, start+T, D) with H_kv dividing H. A LongTensor start
+    (B,) gives each row its own position; keys past a row's own are then masked out.
     """
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
+    if isinstance(start, torch.Tensor):
+        last = start[:, None, None, None] + torch.arange(t, device=q.device)[:, None]
+        mask = torch.arange(s, device=q.device) <= last  # (B, 1, T, S)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     if t == 1:  # a single newest query may see every key
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     if start == 0:
@@ -55,9 +60,10 @@ class Attention(nn.Module):
         kv_cache: KVCache | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = 0
         if kv_cache is not None:

@@ -46,6 +46,14 @@ class RotaryEmbedding(nn.Module):
             self.cos.copy_(cos)
             self.sin.copy_(sin)
 
-    def forward(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for positions start .. start+length-1, each of shape (length, head_dim)."""
-        return self.cos[start : start + length], self.sin[start : start + length]
+    def forward(
+        self, start: int | torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions start .. start+length-1, each of shape (length, head_dim).
+
+        A LongTensor start (B,) gives each row its own positions: shapes (B, 1, length, head_dim).
+        """
+        if isinstance(start, int):
+            return self.cos[start : start + length], self.sin[start : start + length]
+        positions = start[:, None] + torch.arange(length, device=start.device)
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)

@@ -11,6 +11,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.model.attention import Attention
 from lmforge.model.layers import Embedding, Linear, RMSNorm, SwiGLU
+from lmforge.model.moe import MoE
 from lmforge.model.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    n_experts: int = 0  # above 0: every block's MLP is a sparse mixture of this many experts
+    experts_per_token: int = 2  # top-k experts each token is routed to
 
     @property
     def kv_heads(self) -> int:
@@ -53,6 +56,14 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps"):
             if not getattr(self, name) > 0:
                 raise LmforgeError(f"model.{name} is {getattr(self, name)}: set it above 0")
+        if self.n_experts < 0 or (
+            self.n_experts and not 1 <= self.experts_per_token <= self.n_experts
+        ):
+            raise LmforgeError(
+                f"model.n_experts={self.n_experts}, model.experts_per_token="
+                f"{self.experts_per_token}: use n_experts 0 (dense) or 1 <= experts_per_token "
+                "<= n_experts"
+            )
         if self.d_model % self.n_heads:
             raise LmforgeError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "
@@ -78,7 +89,12 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.attn = Attention(config.d_model, config.n_heads, config.kv_heads, layer_idx)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = SwiGLU(config.d_model, config.ffn_dim)
+        if config.n_experts:
+            self.mlp = MoE(
+                config.d_model, config.ffn_dim, config.n_experts, config.experts_per_token
+            )
+        else:
+            self.mlp = SwiGLU(config.d_model, config.ffn_dim)
 
     def forward(
         self,
@@ -106,11 +122,17 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, ids: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given."""
+    def forward(
+        self, ids: torch.Tensor, kv_cache: KVCache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given.
+
+        last_only computes logits for the last position alone (B, 1, vocab_size), as generation
+        needs after a prefill.
+        """
         b, t = ids.shape
-        start = 0 if kv_cache is None else kv_cache.pos
-        if start + t > self.config.max_seq_len:
+        start = 0 if kv_cache is None else kv_cache.pos  # an int, or per-row LongTensor (B,)
+        if isinstance(start, int) and start + t > self.config.max_seq_len:
             raise LmforgeError(
                 f"sequence of {start + t} tokens exceeds model.max_seq_len="
                 f"{self.config.max_seq_len}: pass shorter inputs or raise max_seq_len"
@@ -121,15 +143,14 @@ class Transformer(nn.Module):
         cos, sin = self.rope(start, t)
         for layer in self.layers:
             h = layer(h, cos, sin, kv_cache)
-        logits = self.output(self.norm(h))
+        logits = self.output(self.norm(h[:, -1:] if last_only else h))
         if kv_cache is not None:
             kv_cache.advance(t)  # only now: every layer wrote its K/V at the same position
         return logits
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Parameter count; exclude_embeddings drops the input lookup table.
-
-        A tied output head shares that table and still counts, since its matmul costs FLOPs.
+        """Parameter count (every expert of a MoE); exclude_embeddings drops the input lookup
+        table. A tied output head shares that table and still counts, since its matmul costs FLOPs.
         """
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings and not self.config.tie_embeddings:
@@ -137,7 +158,12 @@ class Transformer(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 per weight plus attention's 12 · layers · d_model · T."""
+        """Training FLOPs per token: 6 per active weight plus attention's 12 · layers · d_model · T.
+
+        Active: a MoE token runs experts_per_token of the n_experts experts of each block."""
         c = self.config
         n = self.num_params(exclude_embeddings=True)
+        if c.n_experts:
+            idle_expert = 3 * c.d_model * c.ffn_dim
+            n -= c.n_layers * (c.n_experts - c.experts_per_token) * idle_expert
         return 6.0 * n + 12.0 * c.n_layers * c.d_model * seq_len

@@ -4,6 +4,10 @@
 micro-step), so resuming needs no state. `sequential` walks the shards in a seeded order that
 reshuffles every epoch, with a background thread reading ahead (tokens/loader.py); its position
 goes into the checkpoint's `loader_state.json`.
+
+`batch_size` is always the global batch. On many processes, data-parallel rank r of n takes
+rows [r·b/n, (r+1)·b/n) of exactly the batch one process would see, so the data order does not
+depend on the parallel layout.
 """
 
 from __future__ import annotations
@@ -20,12 +24,22 @@ LOADERS = ("random", "sequential")
 
 
 class RandomBatches:
-    def __init__(self, shard_dir: str | Path, batch_size: int, seq_len: int, seed: int) -> None:
+    def __init__(
+        self,
+        shard_dir: str | Path,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         tokens = load_tokens(shard_dir, "train")
         self.sampler = WindowSampler(tokens, batch_size, seq_len, seed)
+        rows = batch_size // world_size
+        self.rows = slice(rank * rows, (rank + 1) * rows)
 
     def next(self, step: int, micro_step: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        return self.sampler.batch(step, micro_step, device)
+        return tuple(t[self.rows] for t in self.sampler.batch(step, micro_step, device))
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()
@@ -41,8 +55,23 @@ class RandomBatches:
 
 
 class SequentialBatches:
-    def __init__(self, shard_dir: str | Path, batch_size: int, seq_len: int, seed: int) -> None:
-        self.loader = TokenLoader([DataSource(shard_dir, "train")], batch_size, seq_len, seed)
+    def __init__(
+        self,
+        shard_dir: str | Path,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.loader = TokenLoader(
+            [DataSource(shard_dir, "train")],
+            batch_size,
+            seq_len,
+            seed,
+            rank=rank,
+            world_size=world_size,
+        )
 
     def next(self, step: int, micro_step: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         return self.loader.next_batch(device)
@@ -66,12 +95,19 @@ Batches = RandomBatches | SequentialBatches
 
 
 def make_batches(
-    kind: str, shard_dir: str | Path, batch_size: int, seq_len: int, seed: int
+    kind: str,
+    shard_dir: str | Path,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Batches:
+    """This data-parallel `rank`'s share of every global batch of `batch_size` rows."""
     if kind not in LOADERS:
         raise LmforgeError(f"unknown train.loader {kind!r}: choose one of {', '.join(LOADERS)}")
     cls = RandomBatches if kind == "random" else SequentialBatches
-    return cls(shard_dir, batch_size, seq_len, seed)
+    return cls(shard_dir, batch_size, seq_len, seed, rank, world_size)
 
 
 def _check_kind(state: dict, kind: str) -> None:

@@ -5,7 +5,9 @@ A folder holds `model.safetensors`, `config.json` (the model shape and the run c
 batches depend only on (seed, step), so the torch RNG is the only generator state kept),
 `loader_state.json` and a copy of the tokenizer, so a checkpoint is all that inference needs.
 It is written under a temporary name and renamed, so an interrupted save never leaves a half
-checkpoint where a complete one is expected.
+checkpoint where a complete one is expected. A run on many processes writes a distributed
+checkpoint instead, with the weights and optimizer state as per-rank shards in `dcp/`
+(lmforge.parallel.checkpoint); it resumes at any layout and loads for inference like any other.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_model, save_model
 
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
+
+if TYPE_CHECKING:
+    from lmforge.parallel.world import World
 
 STEP_PREFIX = "step_"
 
@@ -35,24 +41,39 @@ def save_checkpoint(
     run_config: dict,
     tokenizer_dir: str | Path | None = None,
     keep_last: int = 2,
+    world: World | None = None,
 ) -> Path:
-    """Write `step_{step}/` atomically and keep only the newest `keep_last` checkpoints."""
+    """Write `step_{step}/` atomically and keep only the newest `keep_last` checkpoints.
+
+    With a `world`, every rank must call this: each writes its shards, rank 0 the rest.
+    """
     checkpoints_dir = Path(checkpoints_dir)
     final = checkpoints_dir / f"{STEP_PREFIX}{step}"
-    tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    config = {"model": asdict(model.config), "run": run_config}
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
-    (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
-    if tokenizer_dir is not None:
-        shutil.copytree(tokenizer_dir, tmp / "tokenizer")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+
+    def write_metadata(tmp: Path) -> None:
+        config = {"model": asdict(model.config), "run": run_config}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
+        (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
+        if tokenizer_dir is not None:
+            shutil.copytree(tokenizer_dir, tmp / "tokenizer")
+
+    if world is not None:
+        from lmforge.parallel.checkpoint import save_distributed
+
+        save_distributed(final, model, optimizer, world.data_rank, write_metadata)
+        if not world.is_main:
+            return final
+    else:
+        tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        write_metadata(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
     for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
         shutil.rmtree(old)
     return final
@@ -66,7 +87,7 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
     found = [
         p
         for p in checkpoints_dir.iterdir()
-        if p.is_dir() and p.name.startswith(STEP_PREFIX) and (p / "model.safetensors").exists()
+        if p.is_dir() and p.name.startswith(STEP_PREFIX) and _has_weights(p)
     ]
     return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
@@ -74,7 +95,7 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint at `path`: a checkpoint, a `checkpoints/` folder or a run (its newest)."""
     path = Path(path)
-    if (path / "model.safetensors").is_file():
+    if _has_weights(path):
         return path
     for candidate in (path / "checkpoints", path):
         found = list_checkpoints(candidate)
@@ -95,27 +116,46 @@ def read_model_config(checkpoint: str | Path) -> ModelConfig:
 
 def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:
     """Load weights into `model`, refusing a checkpoint of another shape with a clear message."""
+    check_model_shape(checkpoint, model.config)
+    weights = Path(checkpoint) / "model.safetensors"
+    if weights.is_file():
+        load_model(model, str(weights))
+    else:  # a distributed checkpoint: gather its shards into this whole model
+        from lmforge.parallel.checkpoint import load_model_only
+
+        load_model_only(model, checkpoint)
+
+
+def check_model_shape(checkpoint: str | Path, config: ModelConfig) -> None:
     saved = read_model_config(checkpoint)
-    if saved != model.config:
+    if saved != config:
         diff = {
-            k: (v, getattr(model.config, k))
-            for k, v in asdict(saved).items()
-            if getattr(model.config, k) != v
+            k: (v, getattr(config, k)) for k, v in asdict(saved).items() if getattr(config, k) != v
         }
         raise LmforgeError(
             f"checkpoint {checkpoint} has another model shape "
             f"({', '.join(f'{k}: saved {a} vs now {b}' for k, (a, b) in diff.items())}): "
             "use the same preset/config as the run that wrote it, or start over with --fresh"
         )
-    load_model(model, str(Path(checkpoint) / "model.safetensors"))
+
+
+def is_distributed(checkpoint: str | Path) -> bool:
+    """Whether `checkpoint` holds per-rank shards (lmforge.parallel.checkpoint)."""
+    return (Path(checkpoint) / "dcp" / ".metadata").is_file()
+
+
+def _has_weights(checkpoint: Path) -> bool:
+    return (checkpoint / "model.safetensors").is_file() or is_distributed(checkpoint)
 
 
 def load_training_state(
-    checkpoint: str | Path, optimizer: torch.optim.Optimizer
+    checkpoint: str | Path, optimizer: torch.optim.Optimizer | None
 ) -> tuple[dict, dict]:
-    """Restore the optimizer and RNGs; return (trainer_state, loader_state)."""
+    """Restore the optimizer (unless `optimizer` is None: a distributed checkpoint restores it
+    with its shards) and RNGs; return (trainer_state, loader_state)."""
     checkpoint = Path(checkpoint)
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
     state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
     _set_rng_state(state.pop("rng"))
     loader_state = json.loads((checkpoint / "loader_state.json").read_text())

@@ -6,10 +6,15 @@ fixed, so the learning-rate schedule stays a pure function of the step and a res
 continues the same schedule. How a step computes (precision, activation checkpointing,
 compile) is composed in compose.py and run by step.py; the host reads values back from the
 device only on log, evaluation and checkpoint steps.
+
+Under torchrun, `train.parallel` lays the processes out on a device mesh (lmforge.parallel):
+every rank runs this same loop on its share of the global batch, rank 0 alone writes metrics
+and prints, and all ranks write their shards of each checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -22,11 +27,14 @@ from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
 from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
+from lmforge.parallel.layout import ParallelOptions, parse_layout
+from lmforge.parallel.world import World, distributed, mean_over_data
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.train.batches import LOADERS, make_batches
 from lmforge.train.checkpoint import (
+    is_distributed,
     list_checkpoints,
     load_model_weights,
     load_training_state,
@@ -43,6 +51,11 @@ from lmforge.train.schedule import lr_at
 from lmforge.train.signals import stop_requests
 from lmforge.train.step import train_step
 from lmforge.train.throughput import Throughput
+
+COUNTED_STEP = -1
+"""Runs on many processes count the bytes of every collective in this step (the first steps
+are often special: DDP rebuilds its buckets after the first) and log them as
+comm_bytes_per_step."""
 
 CALIBRATION_STEPS = 5
 """Budgeted runs time this many steps (after the first, which pays one-off costs) to fix their
@@ -77,8 +90,20 @@ class TrainConfig:
     offload_optimizer: bool = False  # optimizer state and master weights on the CPU
     max_bad_steps: int = 25  # stop after this many non-finite steps in a row
     loader: str = "random"  # random | sequential
+    parallel: str = ""  # under torchrun, e.g. "dp=2,tp=2" or "fsdp=4"; the rest of the world is dp
+    ddp_bucket_mb: float = 25.0  # DDP: gradients all-reduced in buckets this big during backward
+    zero1: bool = False  # DDP: shard the optimizer state over the dp ranks (ZeRO-1)
+    reshard_after_forward: bool = True  # FSDP: free gathered weights after forward (ZeRO-3)
+    sequence_parallel: bool = True  # TP: shard norms' tokens, reduce-scatter instead of all-reduce
+    collective_timeout_s: float = 600.0  # a collective waiting longer fails (e.g. a rank died)
 
     def validate(self) -> None:
+        parse_layout(self.parallel)
+        if self.ddp_bucket_mb <= 0 or self.collective_timeout_s <= 0:
+            raise LmforgeError(
+                "train.ddp_bucket_mb and train.collective_timeout_s must be above 0, got "
+                f"{self.ddp_bucket_mb} and {self.collective_timeout_s}"
+            )
         if self.max_steps <= 0 and self.minutes <= 0:
             raise LmforgeError("train.max_steps and train.minutes are both 0: set one of them")
         for name in (
@@ -128,11 +153,27 @@ def train(
 
     The tokenizer is the copy the shards carry (`shard_dir/tokenizer`); checkpoints carry it on.
     Writes `metrics.jsonl` and `checkpoints/step_N/` under `out_dir`; resumes from the newest
-    checkpoint there when `resume` is set.
+    checkpoint there when `resume` is set. Under torchrun, every rank calls this.
     """
     cfg.validate()
-    out_dir = Path(out_dir)
     device = pick_device(cfg.device)
+    with distributed(cfg.parallel, device, cfg.collective_timeout_s) as world:
+        return _train(model_config, cfg, shard_dir, out_dir, run_config, resume, device, world)
+
+
+def _train(
+    model_config: ModelConfig,
+    cfg: TrainConfig,
+    shard_dir: str | Path,
+    out_dir: str | Path,
+    run_config: dict | None,
+    resume: bool,
+    device: torch.device,
+    world: World | None,
+) -> TrainResult:
+    out_dir = Path(out_dir)
+    device = world.device if world is not None else device
+    main = world is None or world.is_main
     master_device = torch.device("cpu") if cfg.offload_optimizer else device
     torch.manual_seed(cfg.seed)
 
@@ -151,35 +192,63 @@ def train(
             "lower one or raise the other"
         )
     model_config.validate()
+    if world is not None:
+        from lmforge.parallel import parallelize as parallel  # heavier: import only when used
+
+        parallel.check_parallel(world, cfg, model_config)
     val_tokens = load_tokens(shard_dir, "val")
     byte_lengths = token_byte_lengths(tokenizer)
     precision = make_precision(cfg.precision, device, cfg.cast_module)
 
     model = Transformer(model_config).to(master_device)
-    optimizer = build_optimizer(
-        model, cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, fused=cfg.fused_adamw
+    options = ParallelOptions(
+        cfg.ddp_bucket_mb, cfg.zero1, cfg.reshard_after_forward, cfg.sequence_parallel
     )
-    composed = compose(model, precision, device, cfg.activation_checkpointing, cfg.compile)
+    composed = compose(
+        model, precision, device, cfg.activation_checkpointing, cfg.compile, world, options
+    )
+    betas = (cfg.beta1, cfg.beta2)
+    if world is None:
+        optimizer = build_optimizer(model, cfg.lr, betas, cfg.weight_decay, cfg.fused_adamw)
+    else:
+        optimizer = parallel.build_parallel_optimizer(
+            model, world, options, cfg.lr, betas, cfg.weight_decay, cfg.fused_adamw
+        )
     guard = NonFiniteGuard(master_device, cfg.max_bad_steps)
-    batches = make_batches(cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed)
-    metrics = MetricsLog(out_dir / "metrics.jsonl")
+    data_rank, data_parallel = (world.data_rank, world.layout.data_parallel) if world else (0, 1)
+    batches = make_batches(
+        cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed, data_rank, data_parallel
+    )
+    metrics = MetricsLog(out_dir / "metrics.jsonl") if main else None
     checkpoints_dir = out_dir / "checkpoints"
 
     step, total_steps, prior_seconds = 0, cfg.max_steps or None, 0.0
     existing = list_checkpoints(checkpoints_dir) if resume else []
     last_good = existing[-1] if existing else None
     if existing:
-        load_model_weights(model, existing[-1])
-        composed.weights_to_compute()
-        state, loader_state = load_training_state(existing[-1], optimizer)
+        if is_distributed(existing[-1]):
+            from lmforge.parallel.checkpoint import load_distributed
+
+            load_distributed(existing[-1], model, optimizer, data_rank, data_parallel)
+            state, loader_state = load_training_state(existing[-1], None)
+        elif world is not None:
+            raise LmforgeError(
+                f"checkpoint {existing[-1]} was written by a single process: resume it without "
+                "--parallel, or start over with --fresh"
+            )
+        else:
+            load_model_weights(model, existing[-1])
+            composed.weights_to_compute()
+            state, loader_state = load_training_state(existing[-1], optimizer)
         step, prior_seconds = state["step"], state["seconds"]
         total_steps = cfg.max_steps or state["total_steps"]  # max_steps may extend a run
         precision.load_state_dict(state.get("precision", {}))
         if "guard" in state:
             guard.load_state_dict(state["guard"])
         batches.load_state_dict(loader_state)
-        metrics.truncate_after(step)
-        print(f"resuming from {existing[-1]} (step {step})")
+        if main:
+            metrics.truncate_after(step)
+            print(f"resuming from {existing[-1]} (step {step})")
 
     flops_per_token = model.flops_per_token(cfg.seq_len)
     peak = peak_flops(device, precision.matmul)  # measured once per machine, before the clock
@@ -192,7 +261,7 @@ def train(
     def run_eval() -> EvalResult:
         with precision.autocast():
             return evaluate(
-                composed.compute,
+                composed.evaluator or composed.compute,
                 val_tokens,
                 byte_lengths,
                 cfg.seq_len,
@@ -217,6 +286,7 @@ def train(
             loader_state,
             run_config or {},
             tokenizer_dir,
+            world=world,
         )
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
@@ -227,7 +297,10 @@ def train(
     throughput = Throughput(tokens_per_step, flops_per_token, peak, device)
     interrupted = False
     progress = bar(total=total_steps, initial=step, desc="train", unit="step")
-    log = progress.write  # log lines print above the bar
+    log = progress.write if main else _quiet  # log lines print above the bar
+    if world is not None:
+        log(f"parallel {world.layout} over {world.layout.world_size} processes ({device.type})")
+    comm_bytes: dict[str, float] = {}
     log(f"precision {precision.describe()}, {flops_per_token / 1e6:.2f} MFLOP/token")
     composed.compute.train()
     with stop_requests() as stop:
@@ -237,18 +310,24 @@ def train(
                     raise KeyboardInterrupt
                 t0 = time.perf_counter()
                 lr = lr_at(step, cfg.lr, min_lr, cfg.warmup_steps, total_steps or 10**9)
-                result = train_step(
-                    composed,
-                    optimizer,
-                    guard,
-                    batches,
-                    step,
-                    lr,
-                    cfg.grad_accum_steps,
-                    cfg.grad_clip,
-                    device,
-                    measure_memory=not step_times and device.type != "cuda",
-                )
+                counting = world is not None and len(step_times) == COUNTED_STEP
+                with parallel.count_collectives() if counting else contextlib.nullcontext() as c:
+                    result = train_step(
+                        composed,
+                        optimizer,
+                        guard,
+                        batches,
+                        step,
+                        lr,
+                        cfg.grad_accum_steps,
+                        cfg.grad_clip,
+                        device,
+                        measure_memory=not step_times and device.type != "cuda",
+                    )
+                if counting:
+                    comm_bytes = {"comm_bytes_per_step": c.total_bytes}
+                    comm_bytes.update({f"comm/{op}": n for op, (_, n) in c.by_op.items()})
+                    log(f"communicated {c.total_bytes / 1e6:.3f} MB in step {step} on rank 0")
                 activation_bytes = max(activation_bytes, result.activation_bytes)
                 loader_state = batches.state_dict()
                 step += 1
@@ -259,9 +338,10 @@ def train(
                     memory = peak_memory_bytes(
                         device, [model, composed.compute], optimizer, activation_bytes
                     )
+                    loss = result.loss if world is None else mean_over_data(result.loss, world)
                     record = {
                         "step": step,
-                        "loss": round(float(result.loss), 5),
+                        "loss": round(float(loss), 5),
                         "lr": lr,
                         "grad_norm": round(float(result.grad_norm), 4),
                         **throughput.read(),
@@ -269,8 +349,10 @@ def train(
                         "peak_memory_mb": round(memory / 2**20, 1),
                         **{k: float(v) for k, v in precision.log_fields().items()},
                         **batches.log_fields(),
+                        **comm_bytes,
                     }
-                    metrics.write(**record)
+                    if main:
+                        metrics.write(**record)
                     progress.set_postfix(loss=record["loss"], refresh=False)
                     log(
                         f"step {step}/{total_steps or '?'} loss {record['loss']:.4f} "
@@ -290,7 +372,10 @@ def train(
                     progress.refresh()
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
                     ev = run_eval()
-                    metrics.write(step=step, val_loss=round(ev.loss, 5), val_bpb=round(ev.bpb, 5))
+                    if main:
+                        metrics.write(
+                            step=step, val_loss=round(ev.loss, 5), val_bpb=round(ev.bpb, 5)
+                        )
                     log(f"step {step} val loss {ev.loss:.4f} bpb {ev.bpb:.4f}")
                     throughput.reset()
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -307,8 +392,13 @@ def train(
 
     if step_times or interrupted or not existing:
         path = checkpoint()
+        if world is not None and main:
+            from lmforge.parallel.checkpoint import export_safetensors
+
+            export_safetensors(path)  # the final checkpoint, ready for inference in one file
         final = run_eval()
-        metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
+        if main:
+            metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
     else:
         path = existing[-1]
         print(f"training: reusing {path} (already complete)")
@@ -329,6 +419,10 @@ def train(
         ),
         skipped_steps=int(guard.skipped),
     )
+
+
+def _quiet(*args: object, **kwargs: object) -> None:
+    pass
 
 
 def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> str:

@@ -2,9 +2,9 @@
 
 MFU is the model's analytic training FLOPs (`Transformer.flops_per_token`) times tokens/s over
 the peak of the dtype its matmuls run in. Known GPUs take their dense datasheet peak from
-`GPU_PEAKS`; a CPU (or an unknown GPU) is measured once with a timed large matmul and the
-result is cached in `$LMFORGE_CACHE/peak_flops.json` (default `~/.cache/lmforge`), keyed by the
-processor, thread count, torch version and dtype.
+`GPU_PEAKS` (the planner's hardware table); a CPU (or an unknown GPU) is measured once with a
+timed large matmul and the result is cached in `$LMFORGE_CACHE/peak_flops.json` (default
+`~/.cache/lmforge`), keyed by the processor, thread count, torch version and dtype.
 """
 
 from __future__ import annotations
@@ -17,18 +17,11 @@ from pathlib import Path
 
 import torch
 
-# Dense (non-sparse) peak FLOP/s from the vendors' datasheets: fp32 is the non-tensor-core rate,
-# since lmforge leaves TF32 off. Matched as a substring of torch.cuda.get_device_name().
-GPU_PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12},
-    "H100 PCIe": {"fp32": 51.2e12, "bf16": 756.0e12, "fp16": 756.0e12, "fp8": 1513.0e12},
-    "H100": {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12},
-    "A100": {"fp32": 19.5e12, "bf16": 312.0e12, "fp16": 312.0e12},
-    "L40S": {"fp32": 91.6e12, "bf16": 362.1e12, "fp16": 362.1e12, "fp8": 733.0e12},
-    "L4": {"fp32": 30.3e12, "bf16": 121.0e12, "fp16": 121.0e12, "fp8": 242.0e12},
-    "A10": {"fp32": 31.2e12, "bf16": 125.0e12, "fp16": 125.0e12},
-    "MI300X": {"fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
-}
+from lmforge.plan.hardware import gpu_peaks
+
+# Dense datasheet peaks, matched as a substring of torch.cuda.get_device_name(): the planner's
+# hardware table (lmforge/plan/hardware.toml) is the one source of these numbers.
+GPU_PEAKS: dict[str, dict[str, float]] = gpu_peaks()
 
 DTYPES = {
     "fp32": torch.float32,

@@ -44,11 +44,12 @@ def train_step(
         x, y = batches.next(step, micro, device)[:2]
         measuring = measure_memory and micro == 0
         params = list(model.compute.parameters()) if measuring else []
-        with count_saved_bytes(params) if measuring else contextlib.nullcontext() as counter:
-            loss = model.loss(x, y)
-        if measuring:
-            activation_bytes = counter.bytes
-        precision.scale_loss(loss / grad_accum_steps).backward()
+        with model.micro_step(last=micro == grad_accum_steps - 1):
+            with count_saved_bytes(params) if measuring else contextlib.nullcontext() as counter:
+                loss = model.loss(x, y)
+            if measuring:
+                activation_bytes = counter.bytes
+            precision.scale_loss(loss / grad_accum_steps).backward()
         loss_sum += loss.detach()
     model.grads_to_master()
     params = [p for p in model.master.parameters() if p.grad is not None]

@@ -3,6 +3,13 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.infer import sample_next_token
+from lmforge.infer.sampling import (
+    apply_penalties,
+    filter_logits,
+    mask_min_p,
+    mask_top_k,
+    mask_top_p,
+)
 
 
 def draws(logits: torch.Tensor, n: int = 2000, **kwargs) -> torch.Tensor:
@@ -61,3 +68,39 @@ def test_same_seed_same_tokens_different_seed_different_tokens():
 def test_invalid_arguments_are_errors(kwargs, word):
     with pytest.raises(LmforgeError, match=word):
         sample_next_token(torch.zeros(1, 5), **kwargs)
+
+
+def test_min_p_keeps_tokens_above_a_fraction_of_the_top_probability():
+    logits = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]).log()
+    assert set(draws(logits, min_p=0.15).tolist()) == {0, 1, 2}  # p >= 0.075
+    assert set(draws(logits, min_p=0.7).tolist()) == {0}
+    masked = mask_min_p(logits, torch.tensor([[0.15]]))
+    assert torch.isinf(masked[0, 3:]).all() and torch.isfinite(masked[0, :3]).all()
+
+
+def test_row_settings_apply_to_their_own_rows():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]] * 3)
+    top_k = mask_top_k(logits, torch.tensor([[1], [2], [4]]))
+    assert torch.isfinite(top_k).sum(-1).tolist() == [1, 2, 4]
+    p = torch.tensor([[0.5], [0.85], [1.0]])
+    assert torch.isfinite(mask_top_p(logits, p)).sum(-1).tolist() == [1, 2, 4]
+    mixed = filter_logits(logits, top_k=torch.tensor([[3], [3], [3]]), top_p=p)
+    assert torch.isfinite(mixed).sum(-1).tolist() == [1, 2, 3]
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    zero = torch.zeros(1, 1)
+    out = apply_penalties(logits, seen, torch.zeros(1, 4), torch.tensor([[2.0]]), zero, zero)
+    assert out.tolist() == [[1.0, -4.0, 2.0, -2.0]]
+
+
+def test_frequency_and_presence_penalties_subtract_per_count_and_once():
+    logits = torch.zeros(2, 3)
+    counts = torch.tensor([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]])
+    one, seen = torch.ones(2, 1), torch.zeros(2, 3, dtype=torch.bool)
+    out = apply_penalties(
+        logits, seen, counts, one, torch.tensor([[0.5], [0.0]]), torch.tensor([[1.0], [0.25]])
+    )
+    assert out.tolist() == [[0.0, -1.5, -2.5], [-0.25, 0.0, 0.0]]

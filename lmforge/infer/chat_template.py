@@ -1,0 +1,145 @@
+"""Chat messages to prompt token ids, and where the assistant's reply ends.
+
+One module owns the format, so the server's /v1/chat/completions and `lmforge chat` build the
+same prompt for the same conversation. Two formats:
+
+- ChatML, when the tokenizer has `<|im_start|>` and `<|im_end|>` as special tokens (new
+  tokenizers do): `<|im_start|>user\\nHi<|im_end|>\\n` per message, then
+  `<|im_start|>assistant\\n`; the reply ends at `<|im_end|>`.
+- Plain text otherwise: one `Role: content` line per message (`System:`, `User:`,
+  `Assistant:`), then `Assistant:`; the reply ends where the model starts a new `\\nUser:`,
+  `\\nSystem:` or `\\nAssistant:` line, and its leading space belongs to the format.
+
+Either way the prompt starts a document (`<|endoftext|>` first, as in training), and message
+text is encoded as ordinary text: a message that contains `<|im_end|>` cannot end its turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lmforge.errors import LmforgeError
+from lmforge.tokenizer import Tokenizer
+
+ROLES = ("system", "user", "assistant")
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+PLAIN_STOPS = ("\nUser:", "\nSystem:", "\nAssistant:")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # one of ROLES
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A tokenizer's chat format: `prompt_ids(messages)` plus the stops that end a reply."""
+
+    tokenizer: Tokenizer
+
+    @property
+    def chatml(self) -> bool:
+        specials = self.tokenizer.special_tokens
+        return IM_START in specials and IM_END in specials
+
+    @property
+    def name(self) -> str:
+        return "chatml" if self.chatml else "plain"
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """Stop strings: the reply ends before any of them."""
+        return () if self.chatml else PLAIN_STOPS
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return (self.tokenizer.special_tokens[IM_END],) if self.chatml else ()
+
+    @property
+    def reply_prefix(self) -> str:
+        """Text the format puts at the start of every reply; not part of the reply itself."""
+        return "" if self.chatml else " "
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation, then the start of the assistant's turn."""
+        check_messages(messages)
+        ids = self._start()
+        for message in messages:
+            ids += self._turn(message)
+        return ids + self._reply_start()
+
+    def fit(self, messages: Sequence[Message], budget: int) -> tuple[list[int], int]:
+        """The prompt of the latest turns that fits in `budget` tokens, and how many messages
+        were dropped. The oldest messages after a leading system message go first; the last
+        message is always kept, so a last message that alone exceeds the budget raises."""
+        check_messages(messages)
+        head = list(messages[:1]) if messages[0].role == "system" else []
+        turns = [self._turn(m) for m in messages[len(head) :]]
+        fixed = self._start() + [t for m in head for t in self._turn(m)]
+        kept: list[list[int]] = []
+        size = len(fixed) + len(self._reply_start())
+        for turn in reversed(turns):
+            if size + len(turn) > budget:
+                break
+            kept.insert(0, turn)
+            size += len(turn)
+        if not kept:
+            need = size + len(turns[-1])
+            raise LmforgeError(
+                f"the last message makes a {need}-token prompt but {budget} tokens are free in "
+                "the context window: send a shorter message"
+            )
+        ids = fixed + [t for turn in kept for t in turn] + self._reply_start()
+        return ids, len(turns) - len(kept)
+
+    def reply_stripper(self) -> ReplyStripper:
+        """Removes `reply_prefix` from a reply streamed in pieces."""
+        return ReplyStripper(self.reply_prefix)
+
+    def _start(self) -> list[int]:
+        eot = self.tokenizer.eot_id
+        return [] if eot is None else [eot]
+
+    def _turn(self, message: Message) -> list[int]:
+        encode = self.tokenizer.encode_ordinary
+        if self.chatml:
+            specials = self.tokenizer.special_tokens
+            body = encode(f"{message.role}\n{message.content}")
+            return [specials[IM_START], *body, specials[IM_END], *encode("\n")]
+        return encode(f"{message.role.capitalize()}: {message.content}\n")
+
+    def _reply_start(self) -> list[int]:
+        encode = self.tokenizer.encode_ordinary
+        if self.chatml:
+            return [self.tokenizer.special_tokens[IM_START], *encode("assistant\n")]
+        return encode("Assistant:")
+
+
+class ReplyStripper:
+    """Feed a reply's pieces in order; get them back without the leading `prefix`."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._seen = ""  # the reply so far, while it could still be (part of) the prefix
+        self._done = not prefix
+
+    def feed(self, piece: str) -> str:
+        if self._done:
+            return piece
+        self._seen += piece
+        if self._prefix.startswith(self._seen):
+            return ""
+        self._done = True
+        return self._seen.removeprefix(self._prefix)
+
+
+def check_messages(messages: Sequence[Message]) -> None:
+    if not messages:
+        raise LmforgeError("the conversation is empty: send at least one message")
+    for message in messages:
+        if message.role not in ROLES:
+            raise LmforgeError(
+                f"unknown message role {message.role!r}: use one of {', '.join(ROLES)}"
+            )

@@ -1,0 +1,477 @@
+"""The OpenAI-compatible HTTP server and the web chat page, over one continuous-batching Engine.
+
+Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` and the chat page
+at `/`. With `"stream": true` a reply comes as server-sent events, one `data: {chunk}` per piece
+of text, a last chunk with the finish reason, then `data: [DONE]`. Each choice of each prompt is
+one engine request, batched by the engine with everything else in flight; a client that
+disconnects mid-stream cancels its requests, which frees their batch slots.
+
+Errors follow OpenAI's format, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
+JSON, invalid fields and prompts that do not fit the context window (nothing is truncated), 404
+for an unknown model or route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from lmforge.errors import LmforgeError
+from lmforge.infer import openai_schema as api
+from lmforge.infer.chat_template import ChatTemplate, ReplyStripper
+from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
+from lmforge.infer.text import prompt_ids
+
+if TYPE_CHECKING:
+    from lmforge.tokenizer import Tokenizer
+
+STATIC = Path(__file__).with_name("static")
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.body = status, api.error_body(message, kind, param, code)
+
+
+@dataclass
+class _Choice:
+    """One engine request of an API call and the output it has produced so far."""
+
+    index: int
+    handle: RequestHandle
+    stripper: ReplyStripper
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    reported: int = 0  # tokens whose log-probabilities a stream chunk has carried
+
+    def add(self, event: TokenEvent) -> str:
+        """Record one event; return its new reply text."""
+        if event.token_id >= 0:  # an abort's event carries no token
+            self.token_ids.append(event.token_id)
+        if event.logprob is not None:
+            self.logprobs.append(event.logprob)
+        piece = self.stripper.feed(event.text)
+        self.text += piece
+        self.finish_reason = event.finish_reason
+        return piece
+
+    def new_tokens(self) -> tuple[list[int], list[float]]:
+        """Tokens (and log-probabilities) not yet reported in a stream chunk."""
+        start, self.reported = self.reported, len(self.token_ids)
+        return self.token_ids[start:], self.logprobs[start:]
+
+
+@dataclass
+class _Job:
+    """The engine requests behind one API call, and their events merged as they arrive."""
+
+    choices: list[_Choice]
+    prompt_tokens: int
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    async def events(self) -> AsyncIterator[tuple[_Choice, str]]:
+        if len(self.choices) == 1:
+            choice = self.choices[0]
+            async for event in choice.handle:
+                yield choice, choice.add(event)
+            return
+        queue: asyncio.Queue[tuple[_Choice, TokenEvent | BaseException | None]] = asyncio.Queue()
+
+        async def pump(choice: _Choice) -> None:
+            try:
+                async for event in choice.handle:
+                    queue.put_nowait((choice, event))
+                queue.put_nowait((choice, None))
+            except Exception as e:
+                queue.put_nowait((choice, e))
+
+        self._tasks = [asyncio.create_task(pump(c)) for c in self.choices]
+        running = len(self.choices)
+        while running:
+            choice, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                running -= 1
+                continue
+            yield choice, choice.add(item)
+
+    def cancel(self) -> None:
+        """Stop every request (a no-op for finished ones) and free its batch slot."""
+        for choice in self.choices:
+            choice.handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    def usage(self) -> dict:
+        return api.usage(self.prompt_tokens, sum(len(c.token_ids) for c in self.choices))
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that end as soon as the client disconnects, even while no token is
+    ready to send, and close their source (which cancels its engine requests)."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def stop_on_disconnect() -> None:
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+
+            group.start_soon(stop_on_disconnect)
+            try:
+                await self.stream_response(send)
+            except OSError:
+                pass  # the client went away while a chunk was being written
+            finally:
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                group.cancel_scope.cancel()
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+class _Server:
+    """Request handling shared by the routes: prompts to engine requests to response bodies."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str) -> None:
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.template = ChatTemplate(tokenizer)
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise ApiError(
+                404,
+                f"the model {name!r} does not exist: this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_fits(self, n_prompt: int, max_tokens: int, param: str) -> None:
+        limit = self.engine.max_context
+        if n_prompt >= limit:
+            raise ApiError(
+                400,
+                f"the {param} are {n_prompt} tokens long but the context window holds {limit} "
+                f"tokens, with room for at least one to generate: shorten the {param}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if n_prompt + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"the context window holds {limit} tokens but this request needs "
+                f"{n_prompt + max_tokens} ({n_prompt} in the {param}, {max_tokens} to generate): "
+                f"shorten the {param} or lower max_tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    def completion_prompts(self, prompt: str | list) -> list[list[int]]:
+        if isinstance(prompt, str):
+            return [prompt_ids(self.tokenizer, prompt)]
+        if not prompt:
+            raise ApiError(400, "prompt is an empty list: send a string", param="prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]
+        prompts = [p if isinstance(p, list) else prompt_ids(self.tokenizer, p) for p in prompt]
+        vocab = self.tokenizer.vocab_size
+        if any(not ids or not all(0 <= t < vocab for t in ids) for ids in prompts):
+            raise ApiError(
+                400, f"a token-id prompt is empty or has ids outside [0, {vocab})", param="prompt"
+            )
+        return prompts
+
+    def start(
+        self, requests: list[tuple[list[int], SamplingParams]], strip: Callable[[], ReplyStripper]
+    ) -> _Job:
+        """Submit one engine request per choice; on a refused one, cancel those already sent."""
+        choices: list[_Choice] = []
+        try:
+            for index, (ids, params) in enumerate(requests):
+                choices.append(_Choice(index, self.engine.submit(ids, params), strip()))
+        except LmforgeError as e:
+            for choice in choices:
+                choice.handle.cancel()
+            raise ApiError(400, str(e)) from e
+        unique_prompts = {tuple(ids) for ids, _ in requests}
+        return _Job(choices, sum(len(p) for p in unique_prompts))
+
+
+class _Format:
+    """How one endpoint shapes choices, stream chunks and the final body."""
+
+    object = ""
+    chunk_object = ""
+    id_prefix = ""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def choice(self, choice: _Choice, logprobs: bool) -> dict:
+        raise NotImplementedError
+
+    def first_chunk(self, choice: _Choice) -> dict | None:
+        return None
+
+    def piece(self, choice: _Choice, text: str, logprobs: bool) -> dict:
+        raise NotImplementedError
+
+    def finish(self, choice: _Choice) -> dict:
+        raise NotImplementedError
+
+
+class _CompletionFormat(_Format):
+    object = chunk_object = "text_completion"
+    id_prefix = "cmpl"
+
+    def _logprobs(self, ids: list[int], logprobs: list[float], offset: int) -> dict:
+        tokens = [self.tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+        return api.completion_logprobs(tokens, logprobs, offset)
+
+    def choice(self, choice: _Choice, logprobs: bool) -> dict:
+        lp = self._logprobs(choice.token_ids, choice.logprobs, 0) if logprobs else None
+        text, reason = choice.text, choice.finish_reason
+        return {"index": choice.index, "text": text, "logprobs": lp, "finish_reason": reason}
+
+    def piece(self, choice: _Choice, text: str, logprobs: bool) -> dict:
+        offset = len(choice.text) - len(text)
+        lp = self._logprobs(*choice.new_tokens(), offset) if logprobs else None
+        return {"index": choice.index, "text": text, "logprobs": lp, "finish_reason": None}
+
+    def finish(self, choice: _Choice) -> dict:
+        reason = choice.finish_reason
+        return {"index": choice.index, "text": "", "logprobs": None, "finish_reason": reason}
+
+
+class _ChatFormat(_Format):
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def _logprobs(self, ids: list[int], logprobs: list[float]) -> dict:
+        return api.chat_logprobs([self.tokenizer.token_bytes(t) for t in ids], logprobs)
+
+    def choice(self, choice: _Choice, logprobs: bool) -> dict:
+        return {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": choice.text},
+            "logprobs": self._logprobs(choice.token_ids, choice.logprobs) if logprobs else None,
+            "finish_reason": choice.finish_reason,
+        }
+
+    def first_chunk(self, choice: _Choice) -> dict:
+        delta = {"role": "assistant", "content": ""}
+        return {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+    def piece(self, choice: _Choice, text: str, logprobs: bool) -> dict:
+        lp = self._logprobs(*choice.new_tokens()) if logprobs else None
+        return {
+            "index": choice.index,
+            "delta": {"content": text},
+            "logprobs": lp,
+            "finish_reason": None,
+        }
+
+    def finish(self, choice: _Choice) -> dict:
+        reason = choice.finish_reason
+        return {"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": reason}
+
+
+async def _respond(job: _Job, fmt: _Format, body: api.SamplingRequest, model: str) -> Any:
+    """The whole response body, or an event stream when the request asked for one."""
+    logprobs = body.wants_logprobs()
+    if not body.stream:
+        try:
+            async for _ in job.events():
+                pass
+        finally:
+            job.cancel()
+        choices = [fmt.choice(c, logprobs) for c in job.choices]
+        object_id = api.new_id(fmt.id_prefix)
+        return api.envelope(object_id, fmt.object, model, choices, usage=job.usage())
+    return _EventStream(_stream(job, fmt, logprobs, body.include_usage(), model))
+
+
+async def _stream(
+    job: _Job, fmt: _Format, logprobs: bool, include_usage: bool, model: str
+) -> AsyncIterator[str]:
+    object_id = api.new_id(fmt.id_prefix)
+
+    def chunk(choices: list[dict], **extra: Any) -> str:
+        return _sse(api.envelope(object_id, fmt.chunk_object, model, choices, **extra))
+
+    try:
+        for choice in job.choices:
+            first = fmt.first_chunk(choice)
+            if first is not None:
+                yield chunk([first])
+        async for choice, text in job.events():
+            if text or logprobs:
+                yield chunk([fmt.piece(choice, text, logprobs)])
+            if choice.finish_reason is not None:
+                yield chunk([fmt.finish(choice)])
+        if include_usage:
+            yield chunk([], usage=job.usage())
+    except Exception as e:  # headers are sent: report in band, as OpenAI does
+        yield _sse(api.error_body(f"generation failed: {e}", "server_error"))
+    finally:
+        job.cancel()
+    yield _sse("[DONE]")
+
+
+def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI:
+    """The FastAPI app serving `engine` as `model_name`; the caller owns (and closes) the engine."""
+    app = FastAPI(title="lmforge", docs_url=None, redoc_url=None)
+    server = _Server(engine, tokenizer, model_name)
+    completion_format, chat_format = _CompletionFormat(tokenizer), _ChatFormat(tokenizer)
+    _add_error_handlers(app)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(model_name, engine)]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str) -> dict:
+        server.check_model(name)
+        return _model_card(model_name, engine)
+
+    @app.post("/v1/completions")
+    async def completions(body: api.CompletionRequest) -> Any:
+        server.check_model(body.model)
+        prompts = server.completion_prompts(body.prompt)
+        for ids in prompts:
+            server.check_fits(len(ids), body.max_tokens, "prompt")
+        requests = [
+            (ids, body.sampling(body.max_tokens, k)) for ids in prompts for k in range(body.n)
+        ]
+        job = server.start(requests, lambda: ReplyStripper(""))
+        return await _respond(job, completion_format, body, model_name)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: api.ChatCompletionRequest) -> Any:
+        server.check_model(body.model)
+        template = server.template
+        try:
+            ids = template.prompt_ids([m.message() for m in body.messages])
+        except LmforgeError as e:
+            raise ApiError(400, str(e), param="messages") from e
+        max_tokens = body.requested_tokens() or max(1, engine.max_context - len(ids))
+        server.check_fits(len(ids), max_tokens, "messages")
+        stops = (template.stop, template.stop_ids)
+        requests = [(ids, body.sampling(max_tokens, k, *stops)) for k in range(body.n)]
+        job = server.start(requests, template.reply_stripper)
+        return await _respond(job, chat_format, body, model_name)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _model_card(name: str, engine: Engine) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "lmforge",
+        "max_model_len": engine.max_context,
+    }
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def reply(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+        return JSONResponse(api.error_body(message, kind, param), status_code=status)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Any, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Any, e: RequestValidationError) -> JSONResponse:
+        error = e.errors()[0]
+        if error["type"] == "json_invalid":
+            detail = error.get("ctx", {}).get("error", "")
+            return reply(
+                400, f"the request body is not valid JSON ({detail})", "invalid_request_error"
+            )
+        param = ".".join(str(p) for p in error["loc"][1:]) or None
+        message = f"{param}: {error['msg']}" if param else f"the request body: {error['msg']}"
+        return reply(400, message, "invalid_request_error", param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Any, e: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return reply(e.status_code, str(e.detail), kind)
+
+
+@contextmanager
+def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve `app` with uvicorn from a background thread; yield its base URL (port 0: any free
+    port). For tests and benchmarks: the server stops when the block ends."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise LmforgeError(f"the server could not start on {host}:{port}: is the port taken?")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+def serve(
+    checkpoint: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch_size: int = 8,
+    model_name: str | None = None,
+    device: str = "cpu",
+) -> None:
+    """`lmforge serve`: load a checkpoint and serve it until Ctrl-C."""
+    import uvicorn
+
+    from lmforge.train.checkpoint import load_checkpoint
+
+    model, tokenizer = load_checkpoint(checkpoint, device)
+    name = model_name or Path(checkpoint).resolve().name
+    with Engine(model, tokenizer, max_batch_size=max_batch_size) as engine:
+        app = create_app(engine, tokenizer, name)
+        print(f"serving {name!r} on http://{host}:{port} (chat page at /, API at /v1)")
+        uvicorn.run(app, host=host, port=port, log_level="warning")

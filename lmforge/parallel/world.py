@@ -1,0 +1,107 @@
+"""The process group and device mesh of a run, set up from torchrun's environment.
+
+torchrun (or any launcher) sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; a
+run without them is a single process and gets no process group at all. Collectives time out
+after `timeout_s`, and a failed collective (a rank died, or hung past the timeout) becomes one
+clear LmforgeError on every surviving rank instead of a hang or a page of backend traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from lmforge.errors import LmforgeError
+from lmforge.parallel.layout import DIMS, Layout, resolve_layout
+
+
+@dataclass
+class World:
+    layout: Layout
+    mesh: DeviceMesh
+    rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's slice of the global batch: ranks of one TP group share it."""
+        return (
+            self.mesh["dp"].get_local_rank() * self.layout.fsdp + self.mesh["fsdp"].get_local_rank()
+        )
+
+    def data_group(self) -> dist.ProcessGroup:
+        """The ranks that see different data (dp × fsdp), for averaging logged values."""
+        return self.mesh["dp", "fsdp"]._flatten().get_group()
+
+
+def mean_over_data(value: torch.Tensor, world: World) -> torch.Tensor:
+    """`value` averaged over the data-parallel ranks (e.g. the loss of each rank's rows)."""
+    value = value.detach().clone()
+    dist.all_reduce(value, dist.ReduceOp.AVG, group=world.data_group())
+    return value
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextlib.contextmanager
+def distributed(parallel: str, device: torch.device, timeout_s: float) -> Iterator[World | None]:
+    """Join the process group for the `parallel` layout (None for a single process).
+
+    Yields the World; on exit leaves the group. A collective that fails inside the block is
+    re-raised as LmforgeError naming the rank and the likely cause.
+    """
+    world_size = world_size_from_env()
+    layout = resolve_layout(parallel, world_size)
+    if world_size == 1:
+        yield None
+        return
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if rank != 0:
+        os.environ["LMFORGE_PROGRESS"] = "0"  # one progress bar per run, rank 0's
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    try:
+        mesh = init_device_mesh(device.type, layout.sizes(), mesh_dim_names=DIMS)
+        yield World(layout, mesh, rank, device)
+    except (dist.DistError, RuntimeError) as e:
+        if isinstance(e, LmforgeError) or not _is_collective_failure(e):
+            raise
+        raise LmforgeError(
+            f"rank {rank}: a collective failed ({type(e).__name__}: {_first_line(e)}): "
+            f"another rank probably died or stalled past train.collective_timeout_s="
+            f"{timeout_s:g}; check the other ranks' output, fix it, and resume"
+        ) from e
+    finally:
+        if owns_group:
+            with contextlib.suppress(Exception):
+                dist.barrier()  # no rank tears the group down while another still uses it
+                dist.destroy_process_group()
+
+
+def _is_collective_failure(e: BaseException) -> bool:
+    if isinstance(e, dist.DistError):
+        return True
+    text = str(e).lower()
+    return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer"))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]

@@ -1,0 +1,72 @@
+"""The `lmforge plan` command: flags in, a printed (or JSON) plan out."""
+
+from __future__ import annotations
+
+from lmforge.errors import LmforgeError
+from lmforge.plan import hardware
+from lmforge.plan.explain import render_json, render_text
+from lmforge.plan.options import parse_count, parse_interconnect, parse_layout
+from lmforge.plan.params import param_counts
+from lmforge.plan.planner import PlanRequest, build
+from lmforge.plan.precision import precision_bytes
+from lmforge.plan.shapes import resolve
+
+AC_MODES = ("none", "full", "selective")
+CHINCHILLA_TOKENS_PER_PARAM = 20
+
+
+def plan_request(
+    model: str,
+    hardware_name: str = "h100-sxm",
+    gpus: int = 1,
+    gpus_per_node: int = 8,
+    interconnect: str = "nvlink4,ib-ndr",
+    parallel: str | None = None,
+    precision: str = "bf16",
+    seq_len: int | None = None,
+    global_batch_tokens: str = "4M",
+    tokens: str | None = None,
+    activation_checkpointing: str = "none",
+    mfu: float = 0.4,
+    micro_batch: int = 1,
+) -> PlanRequest:
+    """A PlanRequest from the command's flags (strings where the command takes suffixes)."""
+    if gpus < 1 or gpus_per_node < 1 or micro_batch < 1:
+        raise LmforgeError("--gpus, --gpus-per-node and --micro-batch must be 1 or more")
+    if activation_checkpointing not in AC_MODES:
+        raise LmforgeError(
+            f"--activation-checkpointing {activation_checkpointing!r}: choose none, full or "
+            "selective"
+        )
+    shape = resolve(model)
+    intra, inter = parse_interconnect(interconnect)
+    seq_len = seq_len or min(4096, shape.max_seq_len)
+    if seq_len < 1:
+        raise LmforgeError(f"--seq-len {seq_len} must be 1 or more")
+    run_tokens = (
+        parse_count(tokens, "--tokens")
+        if tokens is not None
+        else CHINCHILLA_TOKENS_PER_PARAM * param_counts(shape)["active"]
+    )
+    return PlanRequest(
+        shape=shape,
+        device=hardware.device(hardware_name),
+        gpus=gpus,
+        gpus_per_node=min(gpus_per_node, gpus),
+        intra=hardware.link(intra),
+        inter=hardware.link(inter),
+        layout=parse_layout(parallel, gpus),
+        precision=precision_bytes(precision),
+        seq_len=seq_len,
+        global_batch_tokens=parse_count(global_batch_tokens, "--global-batch-tokens"),
+        tokens=run_tokens,
+        activation_checkpointing=activation_checkpointing,
+        mfu=mfu,
+        micro_batch=micro_batch,
+    )
+
+
+def run_plan(explain: bool = False, as_json: bool = False, **flags) -> str:
+    """The plan as text (with formulas when `explain`) or JSON."""
+    sections = build(plan_request(**flags))
+    return render_json(sections) if as_json else render_text(sections, explain)

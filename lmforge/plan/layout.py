@@ -1,0 +1,72 @@
+"""The parallel layout: data-parallel, fully-sharded and tensor-parallel degrees on a mesh.
+
+Mesh dimensions are laid out innermost first, tp → fsdp → dp, as torchtitan does: tensor
+parallelism, the most talkative, stays inside a node when it fits. A dimension crosses nodes
+when the ranks it spans (its size times the sizes inside it) exceed the GPUs of one node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from lmforge.errors import LmforgeError
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1  # replicas (DDP, or the replicate dimension of HSDP)
+    fsdp: int = 1  # shards of parameters, gradients and optimizer state (ZeRO-3)
+    tp: int = 1  # tensor-parallel degree
+    zero: int = 0  # ZeRO stage of the dp dimension: 0 DDP, 1 optimizer, 2 + gradients, 3 all
+    sp: bool = False  # sequence parallel across the tp dimension
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "fsdp", "tp"):
+            if getattr(self, name) < 1:
+                raise LmforgeError(f"--parallel {name}={getattr(self, name)}: use 1 or more")
+        if self.zero not in (0, 1, 2, 3):
+            raise LmforgeError(f"--parallel zero={self.zero}: choose a ZeRO stage 0, 1, 2 or 3")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.fsdp * self.tp
+
+    @property
+    def data_parallel(self) -> int:
+        return self.dp * self.fsdp
+
+    def normalized(self) -> Layout:
+        """ZeRO-3 on the dp dimension is FSDP: fold it in."""
+        if self.zero == 3 and self.dp > 1:
+            return dataclasses.replace(self, fsdp=self.fsdp * self.dp, dp=1, zero=0)
+        return self
+
+    def shards(self) -> tuple[int, int, int]:
+        """How many ways parameters, gradients and optimizer state are split (TP aside)."""
+        lay = self.normalized()
+        return (
+            lay.fsdp,
+            lay.fsdp * (lay.dp if lay.zero >= 2 else 1),
+            lay.fsdp * (lay.dp if lay.zero >= 1 else 1),
+        )
+
+    def dims(self) -> list[tuple[str, int, int]]:
+        """(name, size, ranks spanned) of every dimension above size 1, innermost first."""
+        out, span = [], 1
+        lay = self.normalized()
+        for name in ("tp", "fsdp", "dp"):
+            size = getattr(lay, name)
+            span *= size
+            if size > 1:
+                out.append((name, size, span))
+        return out
+
+    def describe(self) -> str:
+        lay = self.normalized()
+        parts = [f"{n}={getattr(lay, n)}" for n in ("dp", "fsdp", "tp") if getattr(lay, n) > 1]
+        if lay.dp > 1 and lay.zero:
+            parts.append(f"zero={lay.zero}")
+        if lay.sp:
+            parts.append("sp")
+        return ",".join(parts) or "single device"

@@ -1,0 +1,117 @@
+"""ModelShape: the handful of numbers the planner reads, and where they come from.
+
+A shape is built from anything with a `ModelConfig`'s attributes (duck typing, so the planner
+never imports torch), from a TOML run config, or from a preset name. Two families:
+- `llama`: what lmforge's Transformer builds (RMSNorm, RoPE, SwiGLU or a sparse MoE of SwiGLU
+  experts, no biases), so every lmforge preset plans as exactly the model it trains;
+- `gpt2`: the published GPT-2 (learned positions, LayerNorm and linear biases, a 4·d GELU MLP,
+  tied embeddings). `gpt2-124m` names this shape in the planner, so its count equals the
+  published 124,439,808; lmforge's own Llama-style training preset of that name plans as
+  `lmforge-gpt2-124m`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmforge.errors import LmforgeError
+
+FAMILIES = ("llama", "gpt2")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    tie_embeddings: bool = False
+    n_experts: int = 0  # 0: a dense MLP
+    experts_per_token: int = 2
+    family: str = "llama"
+    max_seq_len: int = 2048  # gpt2: the rows of the learned position table
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def active_experts(self) -> int:
+        """MLPs a token runs per block: 1 for a dense model."""
+        return self.experts_per_token if self.n_experts else 1
+
+
+def from_model_config(name: str, cfg: object) -> ModelShape:
+    """The shape of lmforge's Transformer built from `cfg` (a ModelConfig or look-alike)."""
+    return ModelShape(
+        name=name,
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.kv_heads,
+        d_ff=cfg.ffn_dim,
+        tie_embeddings=cfg.tie_embeddings,
+        n_experts=getattr(cfg, "n_experts", 0),
+        experts_per_token=getattr(cfg, "experts_per_token", 2),
+        max_seq_len=cfg.max_seq_len,
+    )
+
+
+def gpt2(name: str, d_model: int, n_layers: int, n_heads: int) -> ModelShape:
+    return ModelShape(
+        name=name,
+        vocab_size=50257,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_heads,
+        d_ff=4 * d_model,
+        tie_embeddings=True,
+        family="gpt2",
+        max_seq_len=1024,
+    )
+
+
+# Published shapes the planner knows beyond lmforge's presets (Radford et al. 2019).
+PUBLISHED = {"gpt2-124m": lambda: gpt2("gpt2-124m", 768, 12, 12)}
+LMFORGE_PREFIX = "lmforge-"  # `lmforge-gpt2-124m`: the lmforge preset a published name shadows
+
+
+def shape_names() -> list[str]:
+    from lmforge.config import PRESETS
+
+    shadowed = [LMFORGE_PREFIX + name for name in PRESETS if name in PUBLISHED]
+    return [*PRESETS, *shadowed, *(n for n in PUBLISHED if n not in PRESETS)]
+
+
+def resolve(model: str) -> ModelShape:
+    """A preset name, a published shape's name, or the path of a TOML run config."""
+    from lmforge.config import PRESETS, load_config
+
+    if model in PUBLISHED:
+        return PUBLISHED[model]()
+    preset_name = model.removeprefix(LMFORGE_PREFIX)
+    if preset_name in PRESETS:
+        return from_model_config(model, PRESETS[preset_name]().model)
+    if model.endswith(".toml") or Path(model).exists():
+        cfg = load_config(path=model)
+        cfg.model.validate()
+        return from_model_config(cfg.name, cfg.model)
+    raise LmforgeError(
+        f"--model {model!r} is neither a preset nor a TOML config file: "
+        f"choose one of {', '.join(shape_names())} or pass a config path"
+    )
+
+
+def with_kv_heads(shape: ModelShape, n_kv_heads: int) -> ModelShape:
+    return dataclasses.replace(shape, n_kv_heads=n_kv_heads)

@@ -1,0 +1,294 @@
+import asyncio
+import codecs
+
+import pytest
+import torch
+
+from lmforge.errors import LmforgeError
+from lmforge.infer import generate
+from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.infer.kv_cache import SlotKVCache
+from lmforge.infer.sampling import apply_penalties
+from lmforge.model import ModelConfig, Transformer
+
+EOT = 256
+
+
+class LetterTokenizer:
+    """Token i is the letter chr(97 + i % 26): text that is easy to read and cut."""
+
+    def __init__(self) -> None:
+        self.special_tokens = {"<|endoftext|>": EOT}
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([97 + token % 26])
+
+
+class ByteTokenizer:
+    """Token i < 256 is the byte i; 256 is <|endoftext|>."""
+
+    def __init__(self) -> None:
+        self.special_tokens = {"<|endoftext|>": EOT}
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b"<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=257, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64
+    )
+    return Transformer(config).eval()
+
+
+PROMPTS = [[1, 2, 3], [5] * 10, [7, 8], list(range(30, 50)), [4, 4, 4, 4], [3], [9, 9, 9]]
+
+
+def one_at_a_time(model, prompts, params):
+    with Engine(model, ByteTokenizer(), max_batch_size=1) as engine:
+        return [engine.generate([p], s)[0] for p, s in zip(prompts, params, strict=True)]
+
+
+@torch.no_grad()
+def test_prefill_then_batched_decode_equals_a_full_forward(model):
+    cache = SlotKVCache(model, 3)
+    seqs = [torch.randint(0, 257, (n,)).tolist() for n in (5, 11, 8)]
+    prompt_lens = [3, 9, 1]
+    for slot, (seq, n) in enumerate(zip(seqs, prompt_lens, strict=True)):
+        logits = model(torch.tensor([seq[:n]]), cache.slot(slot), last_only=True)
+        full = model(torch.tensor([seq[:n]]))[:, -1]
+        torch.testing.assert_close(logits[:, -1], full, atol=1e-5, rtol=1e-5)
+        cache.pos[slot] = n
+    for _ in range(2):  # every slot one token further, each at its own position
+        cache.kv_len = int(cache.pos.max()) + 1
+        tokens = torch.tensor([[seq[int(p)]] for seq, p in zip(seqs, cache.pos, strict=True)])
+        logits = model(tokens, cache)[:, -1]
+        for slot, seq in enumerate(seqs):
+            full = model(torch.tensor([seq[: int(cache.pos[slot]) + 1]]))[:, -1]
+            torch.testing.assert_close(logits[slot : slot + 1], full, atol=1e-5, rtol=1e-5)
+        cache.pos += 1
+
+
+def test_greedy_equals_the_reference_generate(model):
+    params = SamplingParams(max_tokens=12, temperature=0)
+    with Engine(model, ByteTokenizer(), max_batch_size=3) as engine:
+        results = engine.generate(PROMPTS, params)
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        expected = generate(model, prompt, 12, temperature=0, stop_ids={EOT})
+        assert result.token_ids == expected
+        assert result.prompt_tokens == len(prompt)
+
+
+def test_continuous_batching_equals_one_at_a_time_under_a_kv_cap(model):
+    mixed = [
+        SamplingParams(max_tokens=6 + i, temperature=0 if i % 2 else 0.9, seed=i, top_k=50)
+        for i in range(len(PROMPTS))
+    ]
+    engine = Engine(model, ByteTokenizer(), max_batch_size=4, max_kv_tokens=60)
+    running = []
+    prefill = engine._prefill
+
+    def spy(request):  # how many slots are taken, and how much KV is reserved, at admission
+        running.append((sum(r is not None for r in engine._slots), engine._reserved))
+        prefill(request)
+
+    engine._prefill = spy
+    with engine:
+        batched = engine.generate(PROMPTS, mixed)
+    assert [r.token_ids for r in batched] == [
+        r.token_ids for r in one_at_a_time(model, PROMPTS, mixed)
+    ]
+    assert max(n for n, _ in running) >= 2  # requests did share the batch
+    assert max(n for n, _ in running) < 4  # but the KV cap, not the slots, limited them
+    assert all(reserved <= 60 for _, reserved in running)
+    assert engine._reserved == 0 and engine._slots == [None] * 4
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        a, b, c = engine.generate([[1, 2]] * 3, [SamplingParams(20, seed=s) for s in (7, 7, 8)])
+    assert a.token_ids == b.token_ids != c.token_ids
+
+
+def test_logprobs_are_log_softmax_of_a_full_forward(model):
+    params = SamplingParams(max_tokens=8, temperature=0.8, seed=1, logprobs=True)
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        results = engine.generate([[1, 2, 3], [40, 41]], params)
+    for prompt, result in zip([[1, 2, 3], [40, 41]], results, strict=True):
+        ids = torch.tensor([prompt + result.token_ids])
+        with torch.no_grad():
+            logp = model(ids)[0, len(prompt) - 1 : -1].log_softmax(-1)
+        expected = logp.gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=1e-5, rtol=0)
+
+
+def test_penalties_follow_the_reference_loop(model):
+    params = SamplingParams(
+        max_tokens=15,
+        temperature=0,
+        repetition_penalty=1.5,
+        frequency_penalty=0.7,
+        presence_penalty=0.3,
+    )
+    prompt = [5, 6, 5]
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(15):
+            logits = model(torch.tensor([ids]))[:, -1]
+            seen = torch.zeros(1, 257, dtype=torch.bool)
+            seen[0, ids] = True
+            counts = torch.zeros(1, 257)
+            for token in out:
+                counts[0, token] += 1
+            column = [torch.tensor([[v]]) for v in (1.5, 0.7, 0.3)]
+            out.append(int(apply_penalties(logits, seen, counts, *column).argmax()))
+            ids.append(out[-1])
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        penalised, plain = engine.generate(
+            [prompt, prompt], [params, SamplingParams(max_tokens=15, temperature=0)]
+        )
+    assert penalised.token_ids == out[: len(penalised.token_ids)]
+    assert penalised.token_ids != plain.token_ids
+
+
+@pytest.mark.parametrize(
+    "settings", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0), dict(temperature=1e-4)]
+)
+def test_sampling_that_keeps_only_the_top_token_is_greedy(model, settings):
+    greedy = SamplingParams(max_tokens=10, temperature=0)
+    narrow = SamplingParams(max_tokens=10, seed=3, **{"temperature": 1.5, **settings})
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        a, b = engine.generate([[1, 2, 3]] * 2, [greedy, narrow])
+    assert a.token_ids == b.token_ids
+
+
+def test_stop_ids_and_max_tokens(model):
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        free = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=12, temperature=0))[0]
+        stop = free.token_ids[4]
+        stopped = engine.generate(
+            [[1, 2, 3]], SamplingParams(max_tokens=12, temperature=0, stop_ids=(stop,))
+        )[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    first = free.token_ids.index(stop)
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[:first]
+
+
+def test_stop_string_across_tokens_is_cut_and_never_streamed(model):
+    params = SamplingParams(max_tokens=20, temperature=0)
+    with Engine(model, LetterTokenizer(), max_batch_size=2) as engine:
+        free = engine.generate([[1, 2, 3]], params)[0]
+        stop = free.text[5:8]  # three one-letter tokens
+        cut = free.text.index(stop)
+        params = SamplingParams(max_tokens=20, temperature=0, stop=("never", stop))
+        events = list(engine.submit([1, 2, 3], params))
+    assert [e.token_id for e in events] == free.token_ids[: cut + 3]
+    assert [e.finish_reason for e in events] == [None] * (cut + 2) + ["stop"]
+    assert "".join(e.text for e in events) == free.text[:cut]
+    assert events[-1].text == ""  # the stop string's letters were held back, then dropped
+
+
+def test_streamed_text_assembles_utf8_across_tokens(model):
+    params = SamplingParams(max_tokens=30, temperature=1.5, seed=11)
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        handle = engine.submit([0xC3, 0xA9, 0xE2, 0x82], params)
+        events = list(handle)
+        result = handle.result()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    expected = decoder.decode(bytes(result.token_ids)) + decoder.decode(b"", final=True)
+    assert "".join(e.text for e in events) == result.text == expected
+    assert [e.token_id for e in events] == result.token_ids
+
+
+def test_multibyte_characters_never_split_in_a_stream():
+    config = ModelConfig(vocab_size=257, d_model=16, n_layers=1, n_heads=2, max_seq_len=32)
+    model = Transformer(config).eval()
+    with torch.no_grad():  # a model that always says "é" = C3 A9, one byte per token
+        model.output.weight.zero_()
+        model.tok_embeddings.weight.zero_()
+        model.tok_embeddings.weight[:, 0] = torch.arange(257) == 0xC3
+        model.tok_embeddings.weight[:, 1] = 1.0
+        model.output.weight[0xC3, 1] = 1.0  # after anything else: C3
+        model.output.weight[0xA9, 0] = 10.0  # after C3: A9
+        for p in model.layers.parameters():  # blocks add nothing: the last token decides
+            p.zero_()
+    with Engine(model, ByteTokenizer(), max_batch_size=1) as engine:
+        events = list(engine.submit([1], SamplingParams(max_tokens=6, temperature=0)))
+    assert [e.token_id for e in events] == [0xC3, 0xA9] * 3
+    assert [e.text for e in events] == ["", "é"] * 3
+
+
+def test_cancel_frees_the_slot_for_the_next_request(model):
+    engine = Engine(model, ByteTokenizer(), max_batch_size=1)
+    long = engine.submit([1, 2], SamplingParams(max_tokens=60, temperature=0))
+    waiting = engine.submit([3], SamplingParams(max_tokens=5, temperature=0))
+    first = next(iter(long))
+    long.cancel()
+    events = list(long)
+    assert events[-1].finish_reason == "abort" and first.finish_reason is None
+    assert long.result().finish_reason == "abort"
+    assert len(long.result().token_ids) < 60
+    assert waiting.result().finish_reason == "length"
+    queued = engine.submit([3], SamplingParams(max_tokens=5, temperature=0))
+    queued.cancel()
+    assert queued.result().finish_reason in ("abort", "length")
+    engine.close()
+    assert engine._reserved == 0 and engine._slots == [None]
+
+
+def test_async_iteration_yields_the_same_events(model):
+    params = SamplingParams(max_tokens=10, temperature=0.7, seed=5)
+
+    async def collect(engine):
+        handles = [engine.submit([1, 2, 3], params), engine.submit([4], params)]
+        streams = []
+        for handle in handles:
+            streams.append([e async for e in handle])
+        return streams
+
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        streamed = asyncio.run(collect(engine))
+        again = [list(engine.submit(p, params)) for p in ([1, 2, 3], [4])]
+    assert streamed == again
+    assert all(events[-1].finish_reason == "length" for events in streamed)
+
+
+def test_compiled_decode_step_gives_the_same_tokens(model):
+    params = SamplingParams(max_tokens=5, temperature=0)  # positions 2..6: one kv bucket
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        eager = engine.generate([[1, 2], [3, 4]], params)
+    with Engine(model, ByteTokenizer(), max_batch_size=2, compile=True) as engine:
+        compiled = engine.generate([[1, 2], [3, 4]], params)
+    assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]
+
+
+@pytest.mark.parametrize(
+    "prompt, settings, word",
+    [
+        ([], {}, "empty"),
+        ([1, 999], {}, "vocabulary"),
+        ([1] * 60, dict(max_tokens=10), "context"),
+        ([1], dict(max_tokens=0), "max_tokens"),
+        ([1], dict(temperature=-1), "temperature"),
+        ([1], dict(min_p=2.0), "min_p"),
+        ([1], dict(repetition_penalty=0), "repetition_penalty"),
+        ([1] * 20, dict(max_tokens=20), "max_kv_tokens"),
+    ],
+)
+def test_bad_requests_are_refused_at_submit(model, prompt, settings, word):
+    with (
+        Engine(model, ByteTokenizer(), max_kv_tokens=32) as engine,
+        pytest.raises(LmforgeError, match=word),
+    ):
+        engine.submit(prompt, SamplingParams(**settings))
+
+
+def test_closed_engine_refuses_requests(model):
+    engine = Engine(model, ByteTokenizer())
+    engine.close()
+    with pytest.raises(LmforgeError, match="closed"):
+        engine.submit([1], SamplingParams())

@@ -1,0 +1,373 @@
+"""The OpenAI-compatible server live on loopback: the official client, bad input, disconnects, load.
+
+A tiny random model serves through the real engine; greedy replies must equal what the engine
+produces directly for the same prompt.
+"""
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from lmforge.infer.chat_template import ChatTemplate, Message
+from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.infer.server import create_app, running
+from lmforge.infer.text import prompt_ids
+from lmforge.model import ModelConfig, Transformer
+from lmforge.tokenizer import Tokenizer
+
+MODEL = "tiny"
+CONTEXT = 128
+
+
+def tiny_model(vocab_size: int, max_seq_len: int = CONTEXT) -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=max_seq_len
+    )
+    return Transformer(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prepared):
+    return Tokenizer.load(prepared.tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer):
+    with Engine(tiny_model(tokenizer.vocab_size), tokenizer, max_batch_size=8) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def base_url(engine, tokenizer):
+    with running(create_app(engine, tokenizer, MODEL)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", timeout=30, max_retries=0)
+
+
+def direct(engine, ids, **params):
+    return engine.generate([ids], SamplingParams(temperature=0, **params))[0]
+
+
+def direct_chat(engine, tokenizer, messages, max_tokens):
+    template = ChatTemplate(tokenizer)
+    ids = template.prompt_ids([Message(**m) for m in messages])
+    params = dict(stop=template.stop, stop_ids=template.stop_ids)
+    result = direct(engine, ids, max_tokens=max_tokens, **params)
+    return result, len(ids), result.text.removeprefix(template.reply_prefix)
+
+
+def busy_slots(engine) -> int:
+    return sum(slot is not None for slot in engine._slots)
+
+
+def test_models_lists_the_served_model(client, engine):
+    (card,) = client.models.list().data
+    assert card.id == MODEL and card.owned_by == "lmforge"
+    assert client.models.retrieve(MODEL).model_extra["max_model_len"] == engine.max_context
+
+
+def test_greedy_completion_equals_the_engine(client, engine, tokenizer):
+    reply = client.completions.create(model=MODEL, prompt="def main(", max_tokens=12, temperature=0)
+    expected = direct(engine, prompt_ids(tokenizer, "def main("), max_tokens=12)
+    (choice,) = reply.choices
+    assert choice.text == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == expected.prompt_tokens
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == expected.prompt_tokens + len(expected.token_ids)
+
+
+def test_streamed_completion_joins_to_the_same_text(client, engine, tokenizer):
+    stream = client.completions.create(
+        model=MODEL, prompt="import os\n", max_tokens=20, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    expected = direct(engine, prompt_ids(tokenizer, "import os\n"), max_tokens=20)
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == expected.finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert len(chunks) > 2
+
+
+def test_greedy_chat_equals_the_engine_through_the_chat_template(client, engine, tokenizer):
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is a list?"},
+    ]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0
+    )
+    result, n_prompt, text = direct_chat(engine, tokenizer, messages, 16)
+    (choice,) = reply.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == text
+    assert choice.finish_reason == result.finish_reason
+    assert reply.usage.prompt_tokens == n_prompt
+    assert reply.usage.completion_tokens == len(result.token_ids)
+
+
+def test_streamed_chat_sends_deltas_a_finish_chunk_and_usage(client, engine, tokenizer):
+    messages = [{"role": "user", "content": "Hello!"}]
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    result, n_prompt, text = direct_chat(engine, tokenizer, messages, 24)
+    *body, last = chunks
+    assert body[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in body) == text
+    assert body[-1].choices[0].finish_reason == result.finish_reason
+    assert last.choices == [] and last.usage.prompt_tokens == n_prompt
+    assert last.usage.completion_tokens == len(result.token_ids)
+
+
+def test_prompt_lists_and_n_give_one_choice_each(client, engine, tokenizer):
+    prompts = ["class A:", "x = 1\n"]
+    reply = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=0)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    for i, prompt in enumerate(prompts):
+        expected = direct(engine, prompt_ids(tokenizer, prompt), max_tokens=6).text
+        assert [c.text for c in reply.choices[2 * i : 2 * i + 2]] == [expected, expected]
+    ids = prompt_ids(tokenizer, prompts[0])  # a prompt of token ids is taken as is
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    assert by_ids.choices[0].text == reply.choices[0].text
+
+
+def test_seeded_sampling_is_reproducible_and_takes_extra_knobs(client):
+    def sample(seed):
+        return client.completions.create(
+            model=MODEL,
+            prompt="for i in",
+            max_tokens=16,
+            temperature=1.0,
+            top_p=0.9,
+            frequency_penalty=0.5,
+            seed=seed,
+            extra_body={"top_k": 50, "min_p": 0.01, "repetition_penalty": 1.2},
+        ).choices[0]
+
+    assert sample(7).text == sample(7).text
+    assert len({sample(s).text for s in range(4)}) > 1
+
+
+def test_logprobs_of_the_chosen_tokens(client, engine, tokenizer):
+    ids = prompt_ids(tokenizer, "while ")
+    expected = direct(engine, ids, max_tokens=8, logprobs=True)
+    reply = client.completions.create(
+        model=MODEL, prompt="while ", max_tokens=8, temperature=0, logprobs=0
+    )
+    logprobs = reply.choices[0].logprobs
+    assert logprobs.token_logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+    assert len(logprobs.tokens) == len(expected.token_ids)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(item.logprob <= 0 for item in content)
+
+
+def test_stop_strings_cut_the_text(client, engine, tokenizer):
+    full = direct(engine, prompt_ids(tokenizer, "def main("), max_tokens=24).text
+    stop = next(full[i : i + 2] for i in range(3, len(full) - 2) if full[i : i + 2].strip())
+    reply = client.completions.create(
+        model=MODEL, prompt="def main(", max_tokens=24, temperature=0, stop=[stop]
+    )
+    assert reply.choices[0].text == full[: full.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def post(base_url, path, body, **kwargs):
+    content = body if isinstance(body, str) else json.dumps(body)
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{base_url}{path}", content=content, headers=headers, timeout=30, **kwargs)
+
+
+def completion(**fields):
+    return ("/v1/completions", {"model": MODEL, "prompt": "x", **fields})
+
+
+def chat(**fields):
+    return ("/v1/chat/completions", {"model": MODEL, "messages": [USER], **fields})
+
+
+USER = {"role": "user", "content": "x"}
+TOO_SMALL = "greater than or equal to 1"
+
+
+@pytest.mark.parametrize(
+    "request_,status,param,message",
+    [
+        (("/v1/completions", '{"model": "tiny", "prompt": '), 400, None, "not valid JSON"),
+        (("/v1/completions", "[1, 2]"), 400, None, "valid dictionary"),
+        (("/v1/completions", {"prompt": "x"}), 400, "model", "Field required"),
+        (completion(model="gpt-4"), 404, "model", "does not exist"),
+        (completion(max_tokens=-5), 400, "max_tokens", TOO_SMALL),
+        (completion(max_tokens=10**9), 400, "prompt", f"context window holds {CONTEXT} tokens"),
+        (completion(temperature=7), 400, "temperature", "less than or equal to 2"),
+        (completion(prompt=[999999]), 400, "prompt", "outside [0, 320)"),
+        (completion(prompt=[]), 400, "prompt", "empty"),
+        (completion(logprobs=3), 400, "logprobs", "less than or equal to 0"),
+        (chat(messages=[]), 400, "messages", "at least 1"),
+        (chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages.0.role", "'user'"),
+        (chat(max_tokens=0), 400, "max_tokens", TOO_SMALL),
+        (("/v1/nothing", {}), 404, None, "Not Found"),
+    ],
+)
+def test_bad_requests_get_openai_errors(base_url, request_, status, param, message):
+    response = post(base_url, *request_)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert message in error["message"]
+    assert error["param"] == param
+    assert error["type"] in ("invalid_request_error", "not_found_error")
+
+
+def test_a_prompt_longer_than_the_context_is_refused_with_its_length(client, tokenizer):
+    prompt = "word " * 400
+    n = len(ChatTemplate(tokenizer).prompt_ids([Message("user", prompt)]))
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
+    message = error.value.body["message"]
+    assert error.value.code == "context_length_exceeded"
+    assert f"the messages are {n} tokens long but the context window holds {CONTEXT}" in message
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="x")
+
+
+@pytest.fixture(scope="module")
+def slow(tokenizer):
+    """One batch slot and a model that takes 20 ms per forward, so a stream outlives a read."""
+    model = tiny_model(tokenizer.vocab_size)
+    model.register_forward_hook(lambda *_: time.sleep(0.02))
+    with Engine(model, tokenizer, max_batch_size=1) as engine:
+        handles = []
+        submit = engine.submit
+
+        def recording_submit(ids, params):
+            handles.append(submit(ids, params))
+            return handles[-1]
+
+        engine.submit = recording_submit
+        with running(create_app(engine, tokenizer, MODEL)) as url:
+            yield engine, url, handles
+
+
+def wait_for(condition, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(slow):
+    engine, url, handles = slow
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # one token in
+        assert busy_slots(engine) == 1
+    result = handles[-1].result()  # the client is gone: the request ends early
+    assert result.finish_reason == "abort" and len(result.token_ids) < 100
+    assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
+
+
+def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_starts(slow):
+    engine, url, handles = slow
+    body = {"model": MODEL, "max_tokens": 40, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=30) as http:
+        first = http.build_request("POST", f"{url}/v1/completions", json={**body, "prompt": "a"})
+        running_stream = http.send(first, stream=True)  # holds the only slot
+        assert wait_for(lambda: busy_slots(engine) == 1)
+        second = {**body, "messages": [USER]}
+        with http.stream("POST", f"{url}/v1/chat/completions", json=second) as response:
+            assert response.status_code == 200  # headers go out before the first token
+        result = handles[-1].result()  # left while queued: aborted without a token
+        assert result.finish_reason == "abort" and result.token_ids == []
+        assert '"finish_reason": "length"' in running_stream.read().decode()
+        running_stream.close()
+    assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
+
+
+def test_64_concurrent_requests_all_complete(base_url, engine, tokenizer):
+    prompts = [f"x{i} = [{i}, " for i in range(64)]
+    expected = engine.generate(
+        [prompt_ids(tokenizer, p) for p in prompts], SamplingParams(max_tokens=8, temperature=0)
+    )
+
+    async def one(http, i):
+        body = {"model": MODEL, "prompt": prompts[i], "max_tokens": 8, "temperature": 0}
+        if i % 2:  # half of them stream
+            text = ""
+            async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        text += json.loads(line[6:])["choices"][0]["text"]
+            return text, None
+        reply = (await http.post("/v1/completions", json=body)).json()
+        return reply["choices"][0]["text"], reply["usage"]["completion_tokens"]
+
+    async def all_of_them():
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+            return await asyncio.wait_for(asyncio.gather(*(one(http, i) for i in range(64))), 120)
+
+    results = asyncio.run(all_of_them())
+    assert [text for text, _ in results] == [e.text for e in expected]
+    for (_, tokens), e in zip(results[::2], expected[::2], strict=True):
+        assert tokens == len(e.token_ids)
+    assert busy_slots(engine) == 0
+
+
+def test_the_chat_page_and_its_assets_are_served(base_url):
+    page = httpx.get(base_url, timeout=10)
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    script = httpx.get(f"{base_url}/static/app.js", timeout=10)
+    assert script.status_code == 200 and "/v1/chat/completions" in script.text
+
+
+def test_serve_command_loads_a_checkpoint_and_binds_loopback(prepared, tmp_path, monkeypatch):
+    import uvicorn
+
+    from lmforge.cli import main
+    from lmforge.train.checkpoint import save_checkpoint
+
+    tokenizer = Tokenizer.load(prepared.tokenizer_dir)
+    model = tiny_model(tokenizer.vocab_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints", 1, model, optimizer, {}, {}, {}, prepared.tokenizer_dir)
+    seen = {}
+
+    def run_here(app, host, port, **_):  # uvicorn.run, but on a free port and only this long
+        seen.update(host=host, port=port)
+        with running(app) as url:
+            seen["models"] = httpx.get(f"{url}/v1/models", timeout=10).json()
+            body = {"model": "run", "prompt": "x", "max_tokens": 4, "temperature": 0}
+            seen["reply"] = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+
+    monkeypatch.setattr(uvicorn, "run", run_here)
+    assert main(["serve", "--checkpoint", str(run)]) == 0
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 8000)
+    assert seen["models"]["data"][0]["id"] == "run"
+    assert seen["reply"]["usage"]["prompt_tokens"] == 2

@@ -1,0 +1,70 @@
+"""Spawned process groups on gloo for the parallel tests, and the tiny model they train."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("worker.py")
+
+MODEL = dict(vocab_size=320, d_model=64, n_layers=2, n_heads=4, max_seq_len=32)
+TRAIN = dict(
+    batch_size=8,
+    seq_len=32,
+    lr=3e-3,
+    warmup_steps=2,
+    max_steps=4,
+    eval_every=0,
+    eval_batches=1,
+    log_every=1,
+    seed=7,
+    device="cpu",
+    collective_timeout_s=60.0,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(rank: int, world_size: int, port: int) -> dict:
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "LMFORGE_PROGRESS": "0",
+    }
+
+
+def spawn_group(world_size: int, runs: list[dict], shard_dir, tmp: Path, timeout: float = 300):
+    """Run `runs` in a group of `world_size` fresh processes; return rank 0's output."""
+    spec = tmp / f"spec_{world_size}_{len(list(tmp.glob('spec_*')))}.json"
+    spec.write_text(json.dumps({"shard_dir": str(shard_dir), "model": MODEL, "runs": runs}))
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(spec)],
+            env=launch_env(rank, world_size, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    return procs, outputs
+
+
+@pytest.fixture(scope="session")
+def shards(prepared):
+    return prepared.shard_dir

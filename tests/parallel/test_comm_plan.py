@@ -1,0 +1,90 @@
+"""The planner's communication per step against the bytes a real step moves, on 2 gloo processes.
+
+Each strategy trains one step of the tiny model the way `lmforge train --parallel` builds it
+(lmforge.train.compose with a World), with count_collectives on; lmforge.plan.comm predicts the
+same step from the model's shape alone. The issue asks for agreement within 5%.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+WORLD, MICRO_BATCH, SEQ_LEN = 2, 2, 32
+# name: (train.parallel, sequence parallel, the planner's layout)
+STRATEGIES = {
+    "ddp": ("dp=2", False, {"dp": 2}),
+    "fsdp": ("fsdp=2", False, {"fsdp": 2}),
+    "tp": ("tp=2", False, {"tp": 2}),
+    "tp_sp": ("tp=2", True, {"tp": 2, "sp": True}),
+}
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("comm_plan")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={WORLD}", __file__, str(out)]
+    subprocess.run(cmd, check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert ranks[0] == ranks[1]  # every strategy here moves the same bytes on every rank
+    return ranks[0]
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_planned_bytes_per_step_match_counted_within_5_percent(counted, name):
+    from lmforge.config import preset
+    from lmforge.plan.comm import comm_bytes_per_step
+    from lmforge.plan.layout import Layout
+    from lmforge.plan.shapes import from_model_config
+
+    shape = from_model_config("tiny", preset("tiny").model)
+    layout = Layout(**STRATEGIES[name][2])
+    planned = comm_bytes_per_step(shape, layout, MICRO_BATCH, SEQ_LEN, precision="fp32")
+    by_op = {op: nbytes for op, (_, nbytes) in counted[name].items()}
+    measured = sum(by_op.values())
+    assert sum(planned.values()) == pytest.approx(measured, rel=0.05), (planned, by_op)
+
+
+# ---- the worker, run by torchrun ------------------------------------------------------------
+
+
+def _one_step(parallel: str, sequence_parallel: bool) -> dict:
+    from lmforge.config import preset
+    from lmforge.model import Transformer
+    from lmforge.parallel.comm_count import count_collectives
+    from lmforge.parallel.parallelize import ParallelOptions
+    from lmforge.parallel.world import distributed
+    from lmforge.train.compose import compose
+    from lmforge.train.precision import make_precision
+
+    cpu = torch.device("cpu")
+    config = preset("tiny").model
+    torch.manual_seed(0)
+    model = Transformer(config)
+    ids = torch.randint(0, config.vocab_size, (MICRO_BATCH, SEQ_LEN + 1))
+    with distributed(parallel, cpu, timeout_s=60) as world:
+        options = ParallelOptions(sequence_parallel=sequence_parallel)
+        composed = compose(model, make_precision("fp32", cpu), cpu, world=world, parallel=options)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with count_collectives() as counter:
+            with composed.micro_step(last=True):
+                composed.loss(ids[:, :-1], ids[:, 1:]).backward()
+            optimizer.step()
+    return counter.by_op
+
+
+def _worker(out: Path) -> None:
+    dist.init_process_group("gloo")
+    record = {name: _one_step(parallel, sp) for name, (parallel, sp, _) in STRATEGIES.items()}
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
