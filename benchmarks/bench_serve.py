@@ -4,14 +4,17 @@
 --max-batch-size 16); this process is the load: N closed-loop clients (each sends its next
 request when the previous reply ends), streaming chat completions through httpx with usage
 reported. N = 1 is the reference: requests one at a time, which is what a server without
-batching gives everyone. For each N: completion tokens/s and requests/s over the wall time of
+batching gives everyone. A second reference is the engine alone: the same requests fed straight
+into an in-process Engine with N slots, no HTTP, so server / engine is what the API costs. For
+each N: completion tokens/s and requests/s over the wall time of
 all its requests, p50/p95 latency (request sent to `[DONE]`) and time to first token. The levels
-run interleaved for several repetitions; rates are medians, latencies pooled.
+run interleaved for several repetitions; rates are medians, ratios the median of the ratios
+within a repetition, latencies pooled.
 
 The model is the speedrun's `small` shape (vocab 4096, d_model 256, 4 layers, context 256)
 with random weights, or `--checkpoint` (e.g. runs/small). Writes benchmarks/results/serve.json.
 
-    python benchmarks/bench_serve.py [--checkpoint runs/small] [--reps 3] [--requests 32]
+    python benchmarks/bench_serve.py [--checkpoint runs/small] [--reps 5] [--requests 32]
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from pathlib import Path
 
 import httpx
 import torch
+
+from lmforge.infer.chat_template import ChatTemplate, Message
+from lmforge.infer.engine import Engine
+from lmforge.train.checkpoint import load_checkpoint
 
 RESULTS = Path(__file__).parent / "results" / "serve.json"
 LEVELS = (1, 4, 16)
@@ -134,6 +141,20 @@ async def run_level(base_url: str, clients: int, n_requests: int) -> dict:
     return {"wall": wall, "requests": results}
 
 
+def engine_rate(engine, prompts: list[list[int]], n_requests: int, stop_ids) -> float:
+    """The same requests straight into an in-process Engine: completion tokens/s without HTTP."""
+    from lmforge.infer.engine import SamplingParams
+
+    ids = [prompts[i % len(prompts)] for i in range(n_requests)]
+    params = [
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, seed=i, stop_ids=stop_ids)
+        for i in range(n_requests)
+    ]
+    start = time.perf_counter()
+    results = engine.generate(ids, params)
+    return sum(len(r.token_ids) for r in results) / (time.perf_counter() - start)
+
+
 def percentile(values: list[float], q: float) -> float:
     return (
         statistics.quantiles(values, n=100, method="inclusive")[q - 1]
@@ -145,26 +166,38 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", help="checkpoint or run folder (default: random weights)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of every level")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of every level")
     parser.add_argument("--requests", type=int, default=32, help="requests per level and rep")
     args = parser.parse_args()
     os.environ.setdefault("LMFORGE_PROGRESS", "0")
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(args.checkpoint) if args.checkpoint else random_checkpoint(Path(tmp))
+        model, tokenizer = load_checkpoint(checkpoint)
+        template = ChatTemplate(tokenizer)
+        prompts = [template.prompt_ids([Message("user", p)]) for p in PROMPTS]
+        engines = {n: Engine(model, tokenizer, max_batch_size=n) for n in LEVELS}
         port = free_port()
         server = start_server(checkpoint, port)
         try:
             base_url = f"http://127.0.0.1:{port}"
             asyncio.run(run_level(base_url, 4, 4))  # warm-up: first-call costs off the clock
+            for engine in engines.values():
+                engine_rate(engine, prompts, 2, template.stop_ids)
             runs: dict[int, list[dict]] = {n: [] for n in LEVELS}
+            direct: dict[int, list[float]] = {n: [] for n in LEVELS}
             for rep in range(args.reps):
                 for n in LEVELS:
                     runs[n].append(asyncio.run(run_level(base_url, n, args.requests)))
+                    direct[n].append(
+                        engine_rate(engines[n], prompts, args.requests, template.stop_ids)
+                    )
                 print(f"repetition {rep + 1}/{args.reps} done")
         finally:
             server.terminate()
             server.wait(timeout=30)
+            for engine in engines.values():
+                engine.close()
 
     rows = []
     for n in LEVELS:
@@ -185,24 +218,34 @@ def main() -> None:
                 "ttft_p50_s": round(percentile(ttft, 50), 3),
                 "ttft_p95_s": round(percentile(ttft, 95), 3),
                 "mean_completion_tokens": round(statistics.mean(r["tokens"] for r in requests), 1),
+                "engine_tokens_per_s": round(statistics.median(direct[n]), 1),
+                "server_vs_engine": round(
+                    statistics.median(t / d for t, d in zip(tokens_per_s, direct[n], strict=True)),
+                    2,
+                ),
             }
         )
-    base = rows[0]["completion_tokens_per_s"]
+    # Within one repetition the levels ran back to back, so load that drifts between repetitions
+    # cancels out of the ratio: the median of per-repetition ratios.
+    base = rows[0]["completion_tokens_per_s_all"]
     for row in rows:
-        row["vs_sequential"] = round(row["completion_tokens_per_s"] / base, 2)
+        ratios = [t / b for t, b in zip(row["completion_tokens_per_s_all"], base, strict=True)]
+        row["vs_sequential"] = round(statistics.median(ratios), 2)
 
     print()
     print(
         "| concurrent clients | completion tokens/s | vs one at a time | requests/s "
-        "| latency p50 / p95 | time to first token p50 / p95 |"
+        "| latency p50 / p95 | time to first token p50 / p95 | engine alone, tokens/s "
+        "| server / engine |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         latency = f"{r['latency_p50_s']:.2f} s / {r['latency_p95_s']:.2f} s"
         ttft = f"{r['ttft_p50_s'] * 1000:.0f} ms / {r['ttft_p95_s'] * 1000:.0f} ms"
         print(
             f"| {r['clients']} | {r['completion_tokens_per_s']:,.0f} | {r['vs_sequential']:.2f}x "
-            f"| {r['requests_per_s']:.2f} | {latency} | {ttft} |"
+            f"| {r['requests_per_s']:.2f} | {latency} | {ttft} "
+            f"| {r['engine_tokens_per_s']:,.0f} | {r['server_vs_engine']:.2f} |"
         )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS.with_suffix(".json.tmp")
@@ -219,7 +262,11 @@ def main() -> None:
                 "torch": torch.__version__,
                 "rows": rows,
                 "ratios": {
-                    f"clients_{r['clients']}_vs_1_tokens_per_s": r["vs_sequential"] for r in rows
+                    **{
+                        f"clients_{r['clients']}_vs_1_tokens_per_s": r["vs_sequential"]
+                        for r in rows
+                    },
+                    **{f"server_vs_engine_{r['clients']}": r["server_vs_engine"] for r in rows},
                 },
             },
             indent=2,

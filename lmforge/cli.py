@@ -21,6 +21,11 @@ training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML fi
   loader=sequential         walk the shards in a seeded order instead of random windows
   checkpoint_every=N        also checkpoint every N steps (always at the end, on Ctrl-C
                             and on SIGTERM)
+  ddp_bucket_mb=25          --parallel dp: gradient all-reduce bucket size (MB)
+  zero1=true                --parallel dp: shard the optimizer state over the ranks (ZeRO-1)
+  reshard_after_forward=false  --parallel fsdp: keep gathered weights until backward (ZeRO-2)
+  sequence_parallel=false   --parallel tp: all-reduce instead of sequence-sharded norms
+  collective_timeout_s=N    fail when a collective waits N s (a rank died or hung; default 600)
 """
 
 
@@ -146,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, help="training time budget")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--device", help="cpu, cuda, mps or auto")
+    p.add_argument(
+        "--parallel",
+        metavar="LAYOUT",
+        help="under torchrun: data/tensor parallel degrees, e.g. dp=8, fsdp=4, fsdp=2,tp=2 "
+        "(the world size left over goes to dp; default: plain DDP over all processes)",
+    )
     _speed_options(p)
     _run_options(p)
     p.set_defaults(func=cmd_train)
@@ -208,7 +219,7 @@ def _serve_commands(commands) -> None:
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--model-name", help="the model's name in the API (default: the folder name)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
@@ -327,15 +338,24 @@ def _bench_commands(commands) -> None:
         "as nccl-tests reports them. Launch with `torchrun --nproc-per-node N -m lmforge bench "
         "comm`; without torchrun it runs on one process.",
     )
-    p.add_argument("--sizes", default="1K..64M", help="message sizes, powers of two: 1K..256M")
+    p.add_argument(
+        "--sizes", default="1K..64M", help="message sizes: powers of two from..to (default 1K..64M)"
+    )
     p.add_argument(
         "--ops",
         default="all",
         help="all, or a comma list of all_reduce,all_gather,reduce_scatter,broadcast,all_to_all",
     )
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per op and size")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--iters", type=int, default=20, help="timed iterations per op and size (default 20)"
+    )
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="cpu (gloo) or cuda (nccl); auto: cuda when available",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.set_defaults(func=cmd_bench_comm)
 
@@ -396,6 +416,8 @@ def _load_config(args: argparse.Namespace):
         train = dataclasses.replace(train, seed=args.seed)
     if getattr(args, "device", None) is not None:
         train = dataclasses.replace(train, device=args.device)
+    if getattr(args, "parallel", None) is not None:
+        train = dataclasses.replace(train, parallel=args.parallel)
     if getattr(args, "precision", None) is not None:
         train = dataclasses.replace(train, precision=args.precision)
     if getattr(args, "activation_checkpointing", None) is not None:

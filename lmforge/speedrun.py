@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from lmforge.config import RunConfig, claim_run_dir, to_dict
+from lmforge.errors import LmforgeError
 from lmforge.eval import evaluate, token_byte_lengths, unigram_bpb
 from lmforge.infer import complete
+from lmforge.parallel.world import world_size_from_env
 from lmforge.prepare import Prepared, prepare_corpus
 from lmforge.report import ReportData, Sample, write_report
 from lmforge.tokens import load_tokens
@@ -51,7 +53,14 @@ def pretrain(
     """
     out = Path(out_dir)
     cfg.validate()
-    claim_run_dir(cfg, out, fresh)
+    processes = world_size_from_env()
+    if processes > 1 and shard_dir is None:
+        raise LmforgeError(
+            f"training on {processes} processes needs prepared token shards: run "
+            "`lmforge tokenize` (or one single-process run) first, then pass --data SHARD_DIR"
+        )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone claims the folder
+        claim_run_dir(cfg, out, fresh)
     prepared = None
     if shard_dir is None:
         prepared = prepare_corpus(

@@ -30,7 +30,7 @@ from lmforge.infer.text import TextAssembler
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
 
-KV_BUCKETS = 8  # decode attends over a multiple of max_seq_len / 8 keys: few compiled shapes
+KV_BUCKETS = 8  # a compiled decode step attends over a multiple of max_seq_len / 8 keys
 
 
 @dataclass
@@ -273,16 +273,18 @@ class Engine:
         self.vocab_size = model.config.vocab_size
         self._specials = frozenset(getattr(tokenizer, "special_tokens", {}).values())
         self.cache = SlotKVCache(model, max_batch_size)
-        self._bucket = max(1, math.ceil(self.max_context / KV_BUCKETS))
+        # Attention reads keys up to the longest slot, rounded up to a bucket when compiled.
+        self._bucket = math.ceil(self.max_context / KV_BUCKETS) if compile else 1
 
         n, v, dev = max_batch_size, self.vocab_size, self.device
         self._tokens = torch.zeros(n, 1, dtype=torch.long, device=dev)  # each slot's next input
+        self._token_rows = [self._tokens[:rows] for rows in range(n + 1)]
         self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1 where a slot decodes
         self._seen = torch.zeros(n, v, dtype=torch.bool, device=dev)  # for repetition penalty
         self._counts = torch.zeros(n, v, device=dev)  # generated tokens, for OpenAI penalties
         self._slots: list[_Request | None] = [None] * n
         self._batch: _Batch | None = None  # the decoding requests' settings, in slot order
-        self._step = torch.compile(self._forward, dynamic=False) if compile else self._forward
+        self._step = self._compiled() if compile else self._forward
 
         self._queue: deque[_Request] = deque()
         self._cancelled: list[RequestHandle] = []
@@ -446,20 +448,30 @@ class Engine:
             self._rebatch()
         self._retire(finished)
 
+    def _compiled(self) -> Any:
+        """The decode step compiled, once per (rows, kv_len) bucket: up to 8 × log2(slots)+1."""
+        shapes = KV_BUCKETS * (self.max_batch_size.bit_length() + 1)
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, shapes)
+        return torch.compile(self._forward, dynamic=False)
+
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One decode step of every slot: logits (n_slots, vocab) of their next tokens."""
+        """One decode step of the cache's first rows: logits (rows, vocab) of their next tokens."""
         return self.model(tokens, self.cache)[:, -1]
 
     def _decode(self) -> None:
         batch = self._batch
         assert batch is not None
         longest = max(r.position for r in batch.requests) + 1
-        self.cache.kv_len = min(self.max_context, -(-longest // self._bucket) * self._bucket)
-        logits = self._step(self._tokens)
-        if len(batch.requests) < self.max_batch_size:
+        kv_len = min(self.max_context, -(-longest // self._bucket) * self._bucket)
+        last_slot = max(r.slot for r in batch.requests)
+        n_rows = min(self.max_batch_size, 1 << last_slot.bit_length())  # 1, 2, 4, 8, ...
+        self.cache.use(n_rows, kv_len)
+        logits = self._step(self._token_rows[n_rows])
+        if len(batch.requests) < n_rows:
             logits = logits[batch.rows]
         tokens = self._sample(logits, batch)
-        self.cache.pos.add_(self._active)
+        self.cache.positions.add_(self._active)
         self._tokens[batch.rows, 0] = tokens
         for request in batch.requests:
             request.position += 1
@@ -529,7 +541,7 @@ class Engine:
             self._slots[request.slot] = None
             request.decoding = False
             self._active[request.slot] = 0
-            self.cache.pos[request.slot] = 0
+            self.cache.positions[request.slot] = 0
         with self._wake:
             self._reserved -= sum(r.kv_tokens for r in requests)
         self._rebatch()
@@ -538,7 +550,7 @@ class Engine:
         decoding = [r for r in self._slots if r is not None and r.decoding]
         self._batch = _Batch.of(decoding, self.vocab_size, self.device) if decoding else None
         for r in decoding:
-            self.cache.pos[r.slot] = r.position
+            self.cache.positions[r.slot] = r.position
 
     def _finish(self, request: _Request, reason: str) -> None:
         text = request.text.flush()

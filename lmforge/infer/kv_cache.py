@@ -96,26 +96,38 @@ class KVCache:
 
 
 class SlotKVCache:
-    """A preallocated pool of `n_slots` sequences, each with its own length.
+    """A preallocated pool of `n_slots` sequences, each at its own position.
 
-    A decode step runs every slot at once (static shapes): slot b writes its new key and value at
-    position `pos[b]` and attends to its own keys 0 .. pos[b]. Attention reads only the first
-    `kv_len` positions, a bucket the engine sets above the longest slot. Prefill writes a
-    prompt into one slot through `slot(i)`, an ordinary `KVCache` over that slot's rows.
+    A decode step runs the first `n_rows` slots at once (the engine fills the lowest free slot
+    first, so active requests sit at the front): row b writes its new key and value at
+    `positions[b]` and attends to its own keys 0 .. positions[b]. Attention reads the first
+    `kv_len` positions only. The engine picks both from a few buckets (`use`), so a compiled
+    step sees few shapes. Prefill writes a prompt into one slot through `slot(i)`, an ordinary
+    `KVCache` over that slot.
     """
 
     def __init__(self, model: Transformer, n_slots: int, max_seq_len: int | None = None) -> None:
         c = model.config
         weight = model.tok_embeddings.weight
+        self.n_slots = n_slots
         self.max_seq_len = c.max_seq_len if max_seq_len is None else max_seq_len
         shape = (n_slots, c.kv_heads, self.max_seq_len, c.head_dim)
         self.k = [torch.zeros(shape, dtype=weight.dtype, device=weight.device)]
         self.k += [torch.zeros_like(self.k[0]) for _ in range(c.n_layers - 1)]
         self.v = [torch.zeros_like(self.k[0]) for _ in range(c.n_layers)]
-        self.batch_size = n_slots
-        self.rows = torch.arange(n_slots, device=weight.device)
-        self.pos = torch.zeros(n_slots, dtype=torch.long, device=weight.device)
-        self.kv_len = self.max_seq_len
+        self.positions = torch.zeros(n_slots, dtype=torch.long, device=weight.device)
+        self._rows = torch.arange(n_slots, device=weight.device)
+        self.batch_size = self.kv_len = 0
+        self.use(n_slots, self.max_seq_len)
+
+    def use(self, n_rows: int, kv_len: int) -> None:
+        """Decode the first n_rows slots next, attending over their first kv_len positions."""
+        if (n_rows, kv_len) == (self.batch_size, self.kv_len):
+            return
+        self.batch_size, self.kv_len = n_rows, kv_len
+        self.rows, self.pos = self._rows[:n_rows], self.positions[:n_rows]
+        self._k = [k[:n_rows] for k in self.k]
+        self._v = [v[:n_rows] for v in self.v]
 
     def slot(self, i: int, pos: int = 0) -> KVCache:
         """Slot i alone as a batch-of-one cache whose next token goes to position `pos`."""
@@ -126,17 +138,18 @@ class SlotKVCache:
     def check_fits(self, batch_size: int, n_new: int) -> None:
         if batch_size != self.batch_size or n_new != 1:
             raise LmforgeError(
-                f"a slot cache decodes one token for each of its {self.batch_size} slots, "
-                f"got {batch_size} x {n_new}: prefill through slot(i)"
+                f"a slot cache decodes one token for each of its first {self.batch_size} "
+                f"slots, got {batch_size} x {n_new}: prefill through slot(i)"
             )
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, H_kv, 1, D) at each slot's own position; return the first kv_len."""
-        self.k[layer][self.rows, :, self.pos] = k[:, :, 0]
-        self.v[layer][self.rows, :, self.pos] = v[:, :, 0]
-        return self.k[layer][:, :, : self.kv_len], self.v[layer][:, :, : self.kv_len]
+        """Store k, v (B, H_kv, 1, D) at each row's own position; return the first kv_len."""
+        keys, values = self._k[layer], self._v[layer]
+        keys[self.rows, :, self.pos] = k[:, :, 0]
+        values[self.rows, :, self.pos] = v[:, :, 0]
+        return keys[:, :, : self.kv_len], values[:, :, : self.kv_len]
 
     def advance(self, n: int) -> None:
         """Positions belong to the engine, which moves each slot on its own."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmforge.infer.chat_template import Message
 from lmforge.infer.engine import SamplingParams
@@ -24,14 +24,16 @@ class StreamOptions(BaseModel):
 
 
 class SamplingRequest(BaseModel):
+    """The fields both generation endpoints share, and the engine parameters they make."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1, le=16)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     stream: bool = False
@@ -46,7 +48,11 @@ class SamplingRequest(BaseModel):
         return tuple(s for s in stops if s)
 
     def sampling(
-        self, max_tokens: int, index: int, stop: tuple[str, ...] = (), stop_ids=()
+        self,
+        max_tokens: int,
+        index: int,
+        stop: tuple[str, ...] = (),
+        stop_ids: tuple[int, ...] = (),
     ) -> SamplingParams:
         """The engine's parameters for choice `index` (seeded choices get seeds seed, seed+1...)."""
         return SamplingParams(
@@ -59,7 +65,7 @@ class SamplingRequest(BaseModel):
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             stop=self.stops() + stop,
-            stop_ids=tuple(stop_ids),
+            stop_ids=stop_ids,
             seed=None if self.seed is None else self.seed + index,
             logprobs=self.wants_logprobs(),
         )
@@ -74,8 +80,13 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=0)  # only the chosen tokens' log-probabilities
+    logprobs: int | None = None
     echo: Literal[False] = False
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_alternatives(cls, logprobs: int | None) -> int | None:
+        return _chosen_only(logprobs)
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
@@ -101,13 +112,26 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0)  # only the chosen tokens
+    top_logprobs: int | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_alternatives(cls, top_logprobs: int | None) -> int | None:
+        return _chosen_only(top_logprobs)
 
     def wants_logprobs(self) -> bool:
         return self.logprobs
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+def _chosen_only(alternatives: int | None) -> int | None:
+    if alternatives:
+        raise ValueError(
+            "only the chosen tokens' log-probabilities are returned, not alternatives: pass 0"
+        )
+    return alternatives
 
 
 # -- responses ---------------------------------------------------------------------------------

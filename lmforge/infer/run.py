@@ -51,11 +51,12 @@ def run_generate(
     batch_size: int = 8,
     compile: bool = False,
     device: str = "cpu",
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> None:
     """Complete each prompt: streamed text when `stream` (one prompt), else JSON lines."""
     from lmforge.train.checkpoint import load_checkpoint
 
+    out = sys.stdout if out is None else out
     model, tokenizer = load_checkpoint(checkpoint, device)
     context = model.config.max_seq_len
     params = dataclasses.replace(params, max_tokens=min(params.max_tokens, context - 1))
@@ -86,7 +87,8 @@ def run_generate(
             return
         seeds = [None if params.seed is None else params.seed + i for i in range(len(ids))]
         handles = [
-            engine.submit(p, dataclasses.replace(params, seed=s)) for p, s in zip(ids, seeds)
+            engine.submit(p, dataclasses.replace(params, seed=s))
+            for p, s in zip(ids, seeds, strict=True)
         ]
         for prompt, handle in zip(prompts, handles, strict=True):
             result = handle.result()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -121,9 +121,10 @@ class _Job:
             yield choice, choice.add(item)
 
     def cancel(self) -> None:
-        """Stop every request (a no-op for finished ones) and free its batch slot."""
+        """Stop the unfinished requests, which frees their batch slots."""
         for choice in self.choices:
-            choice.handle.cancel()
+            if choice.finish_reason is None:
+                choice.handle.cancel()
         for task in self._tasks:
             task.cancel()
 
@@ -132,10 +133,14 @@ class _Job:
 
 
 class _EventStream(StreamingResponse):
-    """Server-sent events that end as soon as the client disconnects, even while no token is
-    ready to send, and close their source (which cancels its engine requests)."""
+    """Server-sent events of `job` that end as soon as the client disconnects, even while no
+    token is ready to send, and then cancel the job's engine requests."""
 
     media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str], job: _Job) -> None:
+        super().__init__(events, headers={"Cache-Control": "no-cache"})
+        self.job = job
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async with anyio.create_task_group() as group:
@@ -150,6 +155,7 @@ class _EventStream(StreamingResponse):
             except OSError:
                 pass  # the client went away while a chunk was being written
             finally:
+                self.job.cancel()
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
                 group.cancel_scope.cancel()
 
@@ -179,8 +185,8 @@ class _Server:
         if n_prompt >= limit:
             raise ApiError(
                 400,
-                f"the {param} are {n_prompt} tokens long but the context window holds {limit} "
-                f"tokens, with room for at least one to generate: shorten the {param}",
+                f"{n_prompt} tokens in the {param} leave no room to generate: the context window "
+                f"holds {limit} tokens; shorten the {param}",
                 param=param,
                 code="context_length_exceeded",
             )
@@ -210,7 +216,10 @@ class _Server:
         return prompts
 
     def start(
-        self, requests: list[tuple[list[int], SamplingParams]], strip: Callable[[], ReplyStripper]
+        self,
+        requests: list[tuple[list[int], SamplingParams]],
+        prompt_tokens: int,
+        strip: Callable[[], ReplyStripper],
     ) -> _Job:
         """Submit one engine request per choice; on a refused one, cancel those already sent."""
         choices: list[_Choice] = []
@@ -221,8 +230,7 @@ class _Server:
             for choice in choices:
                 choice.handle.cancel()
             raise ApiError(400, str(e)) from e
-        unique_prompts = {tuple(ids) for ids, _ in requests}
-        return _Job(choices, sum(len(p) for p in unique_prompts))
+        return _Job(choices, prompt_tokens)
 
 
 class _Format:
@@ -305,19 +313,30 @@ class _ChatFormat(_Format):
         return {"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": reason}
 
 
-async def _respond(job: _Job, fmt: _Format, body: api.SamplingRequest, model: str) -> Any:
+async def _respond(
+    job: _Job, fmt: _Format, body: api.SamplingRequest, model: str, request: Request
+) -> Any:
     """The whole response body, or an event stream when the request asked for one."""
     logprobs = body.wants_logprobs()
     if not body.stream:
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         try:
             async for _ in job.events():
                 pass
         finally:
+            watcher.cancel()
             job.cancel()
         choices = [fmt.choice(c, logprobs) for c in job.choices]
         object_id = api.new_id(fmt.id_prefix)
         return api.envelope(object_id, fmt.object, model, choices, usage=job.usage())
-    return _EventStream(_stream(job, fmt, logprobs, body.include_usage(), model))
+    return _EventStream(_stream(job, fmt, logprobs, body.include_usage(), model), job)
+
+
+async def _cancel_on_disconnect(request: Request, job: _Job) -> None:
+    """Once the body is read, the next ASGI message is the client's disconnect, if it comes."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
 
 
 async def _stream(
@@ -342,8 +361,6 @@ async def _stream(
             yield chunk([], usage=job.usage())
     except Exception as e:  # headers are sent: report in band, as OpenAI does
         yield _sse(api.error_body(f"generation failed: {e}", "server_error"))
-    finally:
-        job.cancel()
     yield _sse("[DONE]")
 
 
@@ -364,7 +381,7 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
         return _model_card(model_name, engine)
 
     @app.post("/v1/completions")
-    async def completions(body: api.CompletionRequest) -> Any:
+    async def completions(body: api.CompletionRequest, request: Request) -> Any:
         server.check_model(body.model)
         prompts = server.completion_prompts(body.prompt)
         for ids in prompts:
@@ -372,11 +389,12 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
         requests = [
             (ids, body.sampling(body.max_tokens, k)) for ids in prompts for k in range(body.n)
         ]
-        job = server.start(requests, lambda: ReplyStripper(""))
-        return await _respond(job, completion_format, body, model_name)
+        n_prompt = sum(len(ids) for ids in prompts)
+        job = server.start(requests, n_prompt, lambda: ReplyStripper(""))
+        return await _respond(job, completion_format, body, model_name, request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: api.ChatCompletionRequest) -> Any:
+    async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Any:
         server.check_model(body.model)
         template = server.template
         try:
@@ -387,8 +405,8 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
         server.check_fits(len(ids), max_tokens, "messages")
         stops = (template.stop, template.stop_ids)
         requests = [(ids, body.sampling(max_tokens, k, *stops)) for k in range(body.n)]
-        job = server.start(requests, template.reply_stripper)
-        return await _respond(job, chat_format, body, model_name)
+        job = server.start(requests, len(ids), template.reply_stripper)
+        return await _respond(job, chat_format, body, model_name, request)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
@@ -418,13 +436,14 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Any, e: RequestValidationError) -> JSONResponse:
-        error = e.errors()[0]
+        errors = e.errors()  # of a union field: one per member, type mismatches first
+        error = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
         if error["type"] == "json_invalid":
             detail = error.get("ctx", {}).get("error", "")
             return reply(
                 400, f"the request body is not valid JSON ({detail})", "invalid_request_error"
             )
-        param = ".".join(str(p) for p in error["loc"][1:]) or None
+        param = ".".join(str(p) for p in error["loc"][1:] if not _union_member(p)) or None
         message = f"{param}: {error['msg']}" if param else f"the request body: {error['msg']}"
         return reply(400, message, "invalid_request_error", param)
 
@@ -432,6 +451,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(_request: Any, e: HTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return reply(e.status_code, str(e.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def server_error(_request: Any, e: Exception) -> JSONResponse:
+        return reply(500, f"the server failed: {type(e).__name__}: {e}", "server_error")
+
+
+def _union_member(loc: int | str) -> bool:
+    """pydantic names the member of a union field that failed (`str`, `list[int]`) in `loc`."""
+    return isinstance(loc, str) and (loc in ("str", "int", "float", "bool") or "[" in loc)
 
 
 @contextmanager

@@ -92,7 +92,9 @@ def load_distributed(
     state = {"model": get_model_state_dict(model)}
     if not zero1_files:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
-    dcp.load(state, checkpoint_id=checkpoint / DCP_DIR)
+    with warnings.catch_warnings():  # in one process DCP warns that it loads without a group
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=checkpoint / DCP_DIR)
     set_model_state_dict(model, state["model"])
     if zero1_files:
         path = checkpoint / f"optimizer_rank{data_rank}.pt"

@@ -73,7 +73,8 @@ class Measurement:
 def parse_sizes(spec: str) -> list[int]:
     """Byte sizes from "1K..256M" (every power of two in between) or a single "4M"."""
     low, sep, high = spec.partition("..")
-    first, last = _parse_size(low), _parse_size(high) if sep else _parse_size(low)
+    first = _parse_size(low)
+    last = _parse_size(high) if sep else first
     if last < first:
         raise LmforgeError(f"--sizes {spec!r} runs backwards: write the smaller size first")
     return [2**k for k in range(first.bit_length() - 1, last.bit_length())]
@@ -179,11 +180,12 @@ def _format_size(nbytes: int) -> str:
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda") or (name == "cuda" and not torch.cuda.is_available()):
+    if name not in ("auto", "cpu", "cuda"):
         raise LmforgeError(f"--device {name}: collectives run on cpu (gloo) or cuda (nccl)")
-    return torch.device(name)
+    if name == "cuda" and not torch.cuda.is_available():
+        raise LmforgeError("--device cuda, but CUDA is not available here: use --device cpu")
+    cuda = name == "cuda" or (name == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if cuda else "cpu")
 
 
 @contextlib.contextmanager

@@ -8,8 +8,10 @@ One TorchDispatchMode sees them all, because every path ends in a dispatcher op 
 arguments: torch.distributed calls and FSDP2 (`fully_shard`) dispatch `c10d::*` ops, DTensor
 tensor parallelism dispatches the functional `_c10d_functional::*` ops, and DDP's C++ reducer
 calls ProcessGroup::allreduce, which dispatches `c10d::allreduce_` too, so no comm hook is
-needed. The mode costs one Python call per tensor op while it is active: count one step and
-log that, rather than wrapping a whole run.
+needed. An op on DTensors is handed back to DTensor first (as torch's CommDebugMode does), so
+the collectives DTensor issues inside its own dispatch (redistributions, loss_parallel's
+reductions) reach the mode as ops on local tensors. The mode costs one Python call per tensor
+op while it is active: count one step and log that, rather than wrapping a whole run.
 
 Byte convention (lmforge.plan predicts with the same one): the logical payload of each call on
 this rank, independent of the algorithm that moves it,
@@ -108,7 +110,7 @@ class _CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # DTensor desugars into ops on local tensors, seen here next
+            return NotImplemented
         result = func(*args, **(kwargs or {}))
         collective = _COLLECTIVES.get(func.name())
         if collective is not None:

@@ -12,6 +12,7 @@ Whatever the named degrees leave of the world size goes to dp.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
@@ -74,19 +75,22 @@ def parse_layout(text: str) -> dict[str, int]:
 def resolve_layout(text: str, world_size: int) -> Layout:
     """The layout for `world_size` processes: the named degrees, the rest going to dp."""
     degrees = parse_layout(text)
-    named = 1
+    named = math.prod(degrees.values())
+    if world_size == 1 and named > 1:
+        raise LmforgeError(
+            f"--parallel {text} needs {named} processes but the world size is 1: launch with "
+            f"torchrun --nproc-per-node {named} -m lmforge train ..."
+        )
     for name, degree in degrees.items():
         if world_size % degree:
             raise LmforgeError(
                 f"{name}={degree} does not divide world size {world_size}: pick degrees whose "
-                f"product divides the number of processes (torchrun --nproc-per-node)"
+                "product divides the number of processes (torchrun --nproc-per-node)"
             )
-        named *= degree
     if world_size % named or ("dp" in degrees and named != world_size):
-        launch = f"torchrun --nproc-per-node {named}" if world_size == 1 else "the launcher"
         raise LmforgeError(
             f"--parallel {text} needs {named} processes but the world size is {world_size}: "
-            f"launch with {launch} or change --parallel"
+            "change --parallel or the number of processes"
         )
     rest = world_size // named
     return Layout(**{**degrees, "dp": degrees.get("dp", 1) * rest})

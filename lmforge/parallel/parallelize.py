@@ -22,7 +22,7 @@ from lmforge.parallel.layout import ParallelOptions, check_batch, check_model
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel
 from lmforge.parallel.world import World
 from lmforge.train.memory import apply_activation_checkpointing
-from lmforge.train.optim import build_optimizer
+from lmforge.train.optim import fused_devices, param_groups
 
 if TYPE_CHECKING:
     from lmforge.train.loop import TrainConfig
@@ -88,13 +88,12 @@ def build_parallel_optimizer(
     fused: bool,
 ) -> torch.optim.Optimizer:
     """AdamW over the (possibly sharded) parameters: ZeRO-1 when asked, else PyTorch's AdamW,
-    which steps DTensor parameters shard by shard."""
+    which steps DTensor shards in place (lmforge's own AdamW mixes them with plain tensors)."""
     if options.zero1 and world.layout.dp > 1:
         return build_zero1(model, world.mesh["dp"], lr, betas, weight_decay, fused)
-    optimizer = build_optimizer(model, lr, betas, weight_decay, fused=fused)
-    if not isinstance(optimizer, torch.optim.AdamW):  # lmforge's AdamW mixes DTensor and Tensor
-        optimizer = torch.optim.AdamW(optimizer.param_groups, lr=lr, betas=betas, foreach=True)
-    return optimizer
+    groups = param_groups(model, weight_decay)
+    kernel = {"fused": True} if fused and world.device.type in fused_devices() else {}
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **kernel)
 
 
 @contextlib.contextmanager

@@ -40,15 +40,15 @@ class World:
             self.mesh["dp"].get_local_rank() * self.layout.fsdp + self.mesh["fsdp"].get_local_rank()
         )
 
-    def data_group(self) -> dist.ProcessGroup:
-        """The ranks that see different data (dp × fsdp), for averaging logged values."""
-        return self.mesh["dp", "fsdp"]._flatten().get_group()
 
+def mean_over_data(value: torch.Tensor) -> torch.Tensor:
+    """`value` (e.g. the loss of this rank's rows) averaged over the data-parallel ranks.
 
-def mean_over_data(value: torch.Tensor, world: World) -> torch.Tensor:
-    """`value` averaged over the data-parallel ranks (e.g. the loss of each rank's rows)."""
+    The ranks of one tensor-parallel group hold the same value, so the mean over all ranks is
+    the mean over the data-parallel ones.
+    """
     value = value.detach().clone()
-    dist.all_reduce(value, dist.ReduceOp.AVG, group=world.data_group())
+    dist.all_reduce(value, dist.ReduceOp.AVG)
     return value
 
 

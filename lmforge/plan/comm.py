@@ -15,8 +15,12 @@ rank, parameters in the param dtype, gradients in the grad dtype):
 - tp (Megatron): per block and micro-batch, 2 all-reduces of the (micro_batch, seq, d_model)
   activations in forward and 2 in backward (the forward ones again when full activation
   checkpointing recomputes the block); with sequence parallelism each all-reduce becomes an
-  all-gather plus a reduce-scatter of the same full tensor. The embedding and the loss are taken
-  as replicated over tp (no vocabulary-parallel collectives).
+  all-gather plus a reduce-scatter of the same full tensor. The output head is vocabulary-parallel
+  (the loss runs on the logits' shards): its input gradient costs one more all-reduce of the
+  activations per micro-batch in backward (sequence parallel: an all-gather in forward and a
+  reduce-scatter in backward, plus an all-gather of the gradient of the replicated embedding's
+  sequence-sharded output). The loss's own per-token statistics, a few floats per token, are
+  left out.
 
 Time uses ring costs: an all-reduce sends 2(n−1)/n of its bytes over each rank's link, an
 all-gather or reduce-scatter (n−1)/n, at the link's bandwidth times its efficiency.
@@ -86,9 +90,9 @@ def comm_bytes_per_step(
         activations = micro_batch * seq_len * shape.d_model * a_bytes
         forwards = 2 if activation_checkpointing == "full" else 1
         per_direction = 2 * shape.n_layers * activations * grad_accum
-        total = per_direction * (forwards + 1)
+        total = per_direction * (forwards + 1) + activations * grad_accum  # + the head's
         if lay.sp:
-            out["tp.all_gather"] = total
+            out["tp.all_gather"] = total + activations * grad_accum  # + the embedding's gradient
             out["tp.reduce_scatter"] = total
         else:
             out["tp.all_reduce"] = total

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lmforge.plan.hardware import Device
@@ -37,17 +38,17 @@ def cpu_local_device() -> Device:
     )
 
 
-def measure_read_bandwidth() -> float:
-    """Best bytes/s of summing a buffer too large for the caches."""
+def measure_read_bandwidth(clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best bytes/s of summing a buffer too large for the caches, timed by `clock`."""
     import torch
 
     x = torch.ones(BUFFER_BYTES // 4)
     x.sum()  # warm-up: page faults
     best = float("inf")
     for _ in range(REPEATS):
-        t0 = time.perf_counter()
+        t0 = clock()
         x.sum()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return BUFFER_BYTES / best
 
 

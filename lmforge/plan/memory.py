@@ -86,9 +86,9 @@ def activation_bytes_per_layer(
 def head_activation_bytes(
     shape: ModelShape, micro_batch: int, seq_len: int, activation: int = 2
 ) -> float:
-    """The final norm, the logits in e and their fp32 copy and softmax for the loss."""
-    e = activation
-    return micro_batch * seq_len * ((8 + e) * shape.d_model + (e + 8) * shape.vocab_size)
+    """The final norm (8 + e)·d, the fp32 log-softmax of the loss 4·V, the ids and targets."""
+    per_token = (8 + activation) * shape.d_model + 4 * shape.vocab_size + 16
+    return micro_batch * seq_len * per_token
 
 
 def buffer_bytes(shape: ModelShape, layout: Layout, precision: PrecisionBytes) -> int:

@@ -89,7 +89,7 @@ def setup_lines(req: PlanRequest) -> list[Line]:
     return [
         Line("model", "model", f"{req.shape.name} ({req.shape.family} family)"),
         Line("hardware", "hardware", f"{req.gpus} × {req.device.name}", "", req.device.source),
-        Line("nodes", "nodes", f"{nodes} × {min(req.gpus, req.gpus_per_node)} GPUs", "",
+        Line("nodes", "nodes", f"{nodes} × {min(req.gpus, req.gpus_per_node)} devices", "",
              f"inside a node: {req.intra.name}; across nodes: {req.inter.name}"),
         Line("layout", "parallel layout", req.layout.describe()),
         Line("precision", "precision", req.precision.name, "",
@@ -140,7 +140,7 @@ def memory_lines(req: PlanRequest) -> list[Line]:
         Line("activations_per_layer_full", "activations per layer, full checkpointing",
              per_layer["full"], "B", f"b·s·ρ·d = {mb}·{seq}·{pb.activation}·{s.d_model}"),
         Line("activations", f"activations (checkpointing: {ac})", acts, "B",
-             f"L·per layer + head and loss (logits e + fp32) = {s.n_layers}·"
+             f"L·per layer + final norm and fp32 log-softmax = {s.n_layers}·"
              f"{per_layer[ac]:,.0f} + {acts - s.n_layers * per_layer[ac]:,.0f}"),
         Line("buffers", "communication buffers", buffers, "B",
              "FSDP: 2 gathered blocks + 1 block of gradients; DDP: 2 × 25 MiB buckets"),
@@ -194,9 +194,10 @@ def _comm_formula(req: PlanRequest, key: str) -> str:
         "fsdp.all_gather": f"(params + block params regathered in backward) · {pb.param} B · "
         f"{accum} micro-batches",
         "fsdp.reduce_scatter": f"params · {pb.grad} B · {accum} micro-batches",
-        "tp.all_reduce": f"4 per block (2 fwd, 2 bwd) · L · b·s·d·{pb.activation} B · {accum}",
-        "tp.all_gather": f"4 per block · L · b·s·d·{pb.activation} B · {accum} (sequence parallel)",
-        "tp.reduce_scatter": f"4 per block · L · b·s·d·{pb.activation} B · {accum}",
+        "tp.all_reduce": f"(4 per block (2 fwd, 2 bwd) · L + 1 for the head) · b·s·d·"
+        f"{pb.activation} B · {accum}",
+        "tp.all_gather": f"(4 · L + 2) · b·s·d·{pb.activation} B · {accum} (sequence parallel)",
+        "tp.reduce_scatter": f"(4 · L + 1) · b·s·d·{pb.activation} B · {accum}",
     }[key]
 
 
@@ -269,7 +270,8 @@ def _decode_lines(
         Line(f"{name}.tokens_per_s_1", f"[{name} weights] tokens/s, batch 1", 1 / one.seconds,
              "tok/s", "1 / decode time"),
         Line(f"{name}.ridge_batch", f"[{name} weights] batch where decode turns compute-bound",
-             "never (KV reads grow as fast as FLOPs)" if ridge is None else round(ridge, 1), "",
+             f"never at {ctx} tokens; {short or 0:.0f} at short context" if ridge is None
+             else round(ridge, 1), "",
              f"b·F/peak = (W + b·KV)/bandwidth; at short context (KV negligible): "
              f"{short or 0:.0f}"),
     ]  # fmt: skip

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.report.plan_table import plan_vs_measured
 from lmforge.report.plots import plot_loss
 from lmforge.train.metrics import read_metrics
 
@@ -36,7 +37,8 @@ def write_report(run_dir: str | Path, data: ReportData) -> Path:
     run_dir = Path(run_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     plot = plot_loss(metrics, run_dir / "plots" / "loss.png", title=f"{data.name}: loss")
-    text = render(data, plot.relative_to(run_dir).as_posix())
+    plan = plan_vs_measured(data.config_toml, data.training, metrics)
+    text = render(data, plot.relative_to(run_dir).as_posix(), plan)
     path = run_dir / "report.md"
     tmp = path.with_name("report.md.tmp")
     tmp.write_text(text)
@@ -74,7 +76,8 @@ def _throughput(tr: dict) -> list[str]:
     ]
 
 
-def render(data: ReportData, plot_path: str) -> str:
+def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
+    """The report's Markdown; `plan` holds the plan-vs-measured rows (plan_table.py)."""
     stats, tok, ev, tr = data.data_stats, data.tokenizer, data.evaluation, data.training
     lines = [
         f"# lmforge run: {data.name}",
@@ -113,6 +116,7 @@ def render(data: ReportData, plot_path: str) -> str:
         f"{tr['tokens']:,} tokens at {tr['tokens_per_s']:.0f} tokens/s.",
         "",
         *_throughput(tr),
+        *plan,
         f"![loss curve]({plot_path})",
         "",
         "## Samples",

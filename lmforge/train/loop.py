@@ -52,7 +52,7 @@ from lmforge.train.signals import stop_requests
 from lmforge.train.step import train_step
 from lmforge.train.throughput import Throughput
 
-COUNTED_STEP = -1
+COUNTED_STEP = 1
 """Runs on many processes count the bytes of every collective in this step (the first steps
 are often special: DDP rebuilds its buckets after the first) and log them as
 comm_bytes_per_step."""
@@ -322,7 +322,7 @@ def _train(
                         cfg.grad_accum_steps,
                         cfg.grad_clip,
                         device,
-                        measure_memory=not step_times and device.type != "cuda",
+                        measure_memory=not step_times and device.type != "cuda" and not world,
                     )
                 if counting:
                     comm_bytes = {"comm_bytes_per_step": c.total_bytes}
@@ -338,7 +338,7 @@ def _train(
                     memory = peak_memory_bytes(
                         device, [model, composed.compute], optimizer, activation_bytes
                     )
-                    loss = result.loss if world is None else mean_over_data(result.loss, world)
+                    loss = result.loss if world is None else mean_over_data(result.loss)
                     record = {
                         "step": step,
                         "loss": round(float(loss), 5),

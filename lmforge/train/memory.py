@@ -143,7 +143,12 @@ def saved_activation_bytes(model: nn.Module, forward: Callable[[], torch.Tensor]
 
 
 def tensor_bytes(tensors: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(_local(t).numel() * t.element_size() for t in tensors)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) tensor; a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -162,7 +167,7 @@ def peak_memory_bytes(
     activations (measured once)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    params = [p for m in models for p in m.parameters()]
+    params = [_local(p) for m in models for p in m.parameters()]
     unique = {p.untyped_storage().data_ptr(): p for p in params}.values()
     weights = tensor_bytes(unique)
     return 2 * weights + optimizer_state_bytes(optimizer) + activation_bytes

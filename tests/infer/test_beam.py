@@ -9,6 +9,7 @@ from lmforge.infer.beam import beam_search, score
 from lmforge.model import ModelConfig, Transformer
 
 STOP = 4
+PROMPT, HORIZON = [1, 2], 4  # 4**3 * 5 + 21 = 341 continuations
 
 
 @pytest.fixture(scope="module")
@@ -18,27 +19,38 @@ def model() -> Transformer:
     return Transformer(config).eval()
 
 
+@pytest.fixture(scope="module")
 @torch.no_grad()
-def exhaustive(model, prompt, horizon, length_penalty):
-    """Every continuation that ends at the stop id or at the horizon, scored, best first."""
+def every_continuation(model):
+    """(log-probability, ids) of every continuation of PROMPT that ends at the stop id or at
+    HORIZON tokens, from one batched full forward."""
     found = []
-    for n in range(1, horizon + 1):
+    for n in range(1, HORIZON + 1):
         for body in itertools.product(range(STOP), repeat=n - 1):
-            for last in range(5) if n == horizon else [STOP]:
-                ids = [*body, last]
-                logp = model(torch.tensor([prompt + ids]))[0, len(prompt) - 1 : -1]
-                total = float(logp.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).sum())
-                found.append((score(total, n, length_penalty), ids))
-    return sorted(found, reverse=True)
+            found += [[*body, last] for last in (range(5) if n == HORIZON else [STOP])]
+    padded = torch.tensor([PROMPT + ids + [0] * (HORIZON - len(ids)) for ids in found])
+    logp = model(padded)[:, len(PROMPT) - 1 : -1].log_softmax(-1)
+    picked = logp.gather(-1, padded[:, len(PROMPT) :, None])[..., 0]
+    return [(float(picked[i, : len(ids)].sum()), ids) for i, ids in enumerate(found)]
+
+
+def ranked(continuations, length_penalty):
+    scored = [(score(lp, len(ids), length_penalty), ids) for lp, ids in continuations]
+    return sorted(scored, reverse=True)
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
-def test_wide_enough_beams_find_the_exhaustive_best(model, length_penalty):
-    truth = exhaustive(model, [1, 2], 3, length_penalty)
+def test_wide_enough_beams_find_the_exhaustive_best(model, every_continuation, length_penalty):
+    truth = ranked(every_continuation, length_penalty)
     beams = beam_search(
-        model, [1, 2], num_beams=200, max_tokens=3, length_penalty=length_penalty, stop_ids={STOP}
+        model,
+        PROMPT,
+        num_beams=400,
+        max_tokens=HORIZON,
+        length_penalty=length_penalty,
+        stop_ids={STOP},
     )
-    assert len(beams) == len(truth)  # 1 + 4 + 4·4·... every hypothesis, in order
+    assert len(beams) == len(truth)  # every hypothesis, in order
     assert [b.token_ids for b in beams[:10]] == [ids for _, ids in truth[:10]]
     torch.testing.assert_close(
         torch.tensor([b.score for b in beams]),
@@ -48,9 +60,9 @@ def test_wide_enough_beams_find_the_exhaustive_best(model, length_penalty):
     )
 
 
-def test_narrow_beams_return_true_scores_no_better_than_the_optimum(model):
-    truth = dict((tuple(ids), s) for s, ids in exhaustive(model, [3], 4, 1.0))
-    beams = beam_search(model, [3], num_beams=3, max_tokens=4, stop_ids={STOP})
+def test_narrow_beams_return_true_scores_no_better_than_the_optimum(model, every_continuation):
+    truth = {tuple(ids): s for s, ids in ranked(every_continuation, 1.0)}
+    beams = beam_search(model, PROMPT, num_beams=3, max_tokens=HORIZON, stop_ids={STOP})
     assert len(beams) == 3
     assert [b.score for b in beams] == sorted((b.score for b in beams), reverse=True)
     for beam in beams:

@@ -53,22 +53,21 @@ def one_at_a_time(model, prompts, params):
 
 @torch.no_grad()
 def test_prefill_then_batched_decode_equals_a_full_forward(model):
-    cache = SlotKVCache(model, 3)
+    cache = SlotKVCache(model, 4)
     seqs = [torch.randint(0, 257, (n,)).tolist() for n in (5, 11, 8)]
-    prompt_lens = [3, 9, 1]
-    for slot, (seq, n) in enumerate(zip(seqs, prompt_lens, strict=True)):
+    for slot, (seq, n) in enumerate(zip(seqs, [3, 9, 1], strict=True)):
         logits = model(torch.tensor([seq[:n]]), cache.slot(slot), last_only=True)
         full = model(torch.tensor([seq[:n]]))[:, -1]
         torch.testing.assert_close(logits[:, -1], full, atol=1e-5, rtol=1e-5)
-        cache.pos[slot] = n
-    for _ in range(2):  # every slot one token further, each at its own position
-        cache.kv_len = int(cache.pos.max()) + 1
+        cache.positions[slot] = n
+    for _ in range(2):  # the first 3 slots one token further, each at its own position
+        cache.use(3, int(cache.positions.max()) + 1)
         tokens = torch.tensor([[seq[int(p)]] for seq, p in zip(seqs, cache.pos, strict=True)])
         logits = model(tokens, cache)[:, -1]
         for slot, seq in enumerate(seqs):
-            full = model(torch.tensor([seq[: int(cache.pos[slot]) + 1]]))[:, -1]
+            full = model(torch.tensor([seq[: int(cache.positions[slot]) + 1]]))[:, -1]
             torch.testing.assert_close(logits[slot : slot + 1], full, atol=1e-5, rtol=1e-5)
-        cache.pos += 1
+        cache.positions[:3] += 1
 
 
 def test_greedy_equals_the_reference_generate(model):

@@ -227,7 +227,9 @@ TOO_SMALL = "greater than or equal to 1"
         (completion(temperature=7), 400, "temperature", "less than or equal to 2"),
         (completion(prompt=[999999]), 400, "prompt", "outside [0, 320)"),
         (completion(prompt=[]), 400, "prompt", "empty"),
-        (completion(logprobs=3), 400, "logprobs", "less than or equal to 0"),
+        (completion(logprobs=3), 400, "logprobs", "not alternatives"),
+        (completion(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4 items"),
+        (completion(prompt={"text": "x"}), 400, "prompt", "valid string"),
         (chat(messages=[]), 400, "messages", "at least 1"),
         (chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages.0.role", "'user'"),
         (chat(max_tokens=0), 400, "max_tokens", TOO_SMALL),
@@ -251,7 +253,8 @@ def test_a_prompt_longer_than_the_context_is_refused_with_its_length(client, tok
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
     message = error.value.body["message"]
     assert error.value.code == "context_length_exceeded"
-    assert f"the messages are {n} tokens long but the context window holds {CONTEXT}" in message
+    assert f"{n} tokens in the messages leave no room" in message
+    assert f"the context window holds {CONTEXT} tokens" in message
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
 
@@ -283,19 +286,29 @@ def wait_for(condition, seconds=20):
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(slow):
     engine, url, handles = slow
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "temperature": 0, "stream": True}
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 120, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # one token in
         assert busy_slots(engine) == 1
     result = handles[-1].result()  # the client is gone: the request ends early
-    assert result.finish_reason == "abort" and len(result.token_ids) < 100
+    assert result.finish_reason == "abort" and len(result.token_ids) < 120
+    assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
+
+
+def test_a_client_that_gives_up_on_a_whole_reply_frees_its_slot(slow):
+    engine, url, handles = slow
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 120, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    result = handles[-1].result()
+    assert result.finish_reason == "abort" and len(result.token_ids) < 120
     assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
 
 
 def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_starts(slow):
     engine, url, handles = slow
-    body = {"model": MODEL, "max_tokens": 40, "temperature": 0, "stream": True}
+    body = {"model": MODEL, "max_tokens": 100, "temperature": 0, "stream": True}
     with httpx.Client(timeout=30) as http:
         first = http.build_request("POST", f"{url}/v1/completions", json={**body, "prompt": "a"})
         running_stream = http.send(first, stream=True)  # holds the only slot
@@ -305,7 +318,7 @@ def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_starts(slow):
             assert response.status_code == 200  # headers go out before the first token
         result = handles[-1].result()  # left while queued: aborted without a token
         assert result.finish_reason == "abort" and result.token_ids == []
-        assert '"finish_reason": "length"' in running_stream.read().decode()
+        assert busy_slots(engine) == 1  # the first one goes on
         running_stream.close()
     assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
 
@@ -371,3 +384,36 @@ def test_serve_command_loads_a_checkpoint_and_binds_loopback(prepared, tmp_path,
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8000)
     assert seen["models"]["data"][0]["id"] == "run"
     assert seen["reply"]["usage"]["prompt_tokens"] == 2
+
+
+class BrokenEngine:
+    """An engine whose every request fails once generation starts."""
+
+    max_context = CONTEXT
+
+    def submit(self, ids, params):
+        return BrokenRequest()
+
+
+class BrokenRequest:
+    async def __aiter__(self):
+        raise RuntimeError("out of memory")
+        yield
+
+    def cancel(self):
+        pass
+
+
+def test_a_failing_engine_gives_a_server_error_not_a_hang(tokenizer):
+    from fastapi.testclient import TestClient
+
+    http = TestClient(create_app(BrokenEngine(), tokenizer, MODEL), raise_server_exceptions=False)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 4}
+    reply = http.post("/v1/completions", json=body)
+    assert reply.status_code == 500
+    assert reply.json()["error"]["type"] == "server_error"
+    assert "out of memory" in reply.json()["error"]["message"]
+    streamed = http.post("/v1/completions", json={**body, "stream": True}).text
+    events = [line[6:] for line in streamed.splitlines() if line.startswith("data: ")]
+    assert "out of memory" in json.loads(events[0])["error"]["message"]
+    assert events[-1] == "[DONE]"

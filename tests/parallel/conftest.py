@@ -65,6 +65,40 @@ def spawn_group(world_size: int, runs: list[dict], shard_dir, tmp: Path, timeout
     return procs, outputs
 
 
+class Launcher:
+    """What the parallel tests share: the tiny model and run settings, the shards, and
+    `spawn` (a process group) and `single` (a run in this process) on them."""
+
+    model = MODEL
+    train = TRAIN
+
+    def __init__(self, shard_dir: Path) -> None:
+        self.shard_dir = shard_dir
+
+    def spawn(self, world_size: int, runs: list[dict], tmp: Path):
+        return spawn_group(world_size, runs, self.shard_dir, tmp)
+
+    def single(self, out: Path, **overrides):
+        from lmforge.model import ModelConfig
+        from lmforge.train import TrainConfig, train
+
+        cfg = TrainConfig(**{**TRAIN, **overrides})
+        return train(ModelConfig(**MODEL), cfg, self.shard_dir, out)
+
+
 @pytest.fixture(scope="session")
-def shards(prepared):
-    return prepared.shard_dir
+def launcher(prepared):
+    return Launcher(prepared.shard_dir)
+
+
+REFERENCES = {"fp32": {}, "accum": {"grad_accum_steps": 2}, "bf16": {"precision": "bf16"}}
+
+
+@pytest.fixture(scope="session")
+def references(launcher, tmp_path_factory):
+    """Single-process runs the parallel ones must reproduce: fp32, fp32 with 2 micro-batches
+    of gradient accumulation, bf16 autocast."""
+    root = tmp_path_factory.mktemp("reference")
+    for name, overrides in REFERENCES.items():
+        launcher.single(root / name, **overrides)
+    return root

@@ -82,6 +82,12 @@ def test_tensor_parallel_linear_pair_all_reduces_activations(counted):
         assert rank["tp"] == {"all_reduce": [2, 2 * 4 * 8 * F32]}
 
 
+def test_collectives_inside_dtensor_dispatch_are_counted(counted):
+    for rank in counted:
+        # x (rows sharded) @ w (rows sharded): sharding propagation all-gathers w inside the op.
+        assert rank["dtensor"] == {"all_gather": [1, 8 * 6 * F32]}
+
+
 # ---- the worker, run by torchrun ------------------------------------------------------------
 
 
@@ -157,6 +163,16 @@ def _tp(mesh) -> dict:
     return counter.by_op
 
 
+def _dtensor(mesh) -> dict:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    x = distribute_tensor(torch.ones(4, 8), mesh, [Shard(0)])
+    w = distribute_tensor(torch.ones(8, 6), mesh, [Shard(0)])
+    with count_collectives() as counter:
+        x @ w
+    return counter.by_op
+
+
 def _worker(out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -179,6 +195,7 @@ def _worker(out: Path) -> None:
         "ddp": _ddp(),
         "fsdp": _fsdp(mesh),
         "tp": _tp(mesh),
+        "dtensor": _dtensor(mesh),
     }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
     dist.destroy_process_group()

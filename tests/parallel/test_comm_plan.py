@@ -10,18 +10,30 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 import torch.distributed as dist
 
 WORLD, MICRO_BATCH, SEQ_LEN = 2, 2, 32
-# name: (train.parallel, sequence parallel, the planner's layout)
-STRATEGIES = {
-    "ddp": ("dp=2", False, {"dp": 2}),
-    "fsdp": ("fsdp=2", False, {"fsdp": 2}),
-    "tp": ("tp=2", False, {"tp": 2}),
-    "tp_sp": ("tp=2", True, {"tp": 2, "sp": True}),
+
+
+class Case(NamedTuple):
+    parallel: str  # train.parallel
+    precision: str
+    layout: dict  # the planner's Layout
+    sequence_parallel: bool = False
+    grad_bytes: int | None = None  # the planner's override where lmforge reduces in fp32
+
+
+CASES = {
+    "ddp": Case("dp=2", "fp32", {"dp": 2}),
+    "ddp_bf16": Case("dp=2", "bf16", {"dp": 2}, grad_bytes=4),  # autocast: fp32 grads
+    "fsdp": Case("fsdp=2", "fp32", {"fsdp": 2}),
+    "fsdp_bf16": Case("fsdp=2", "bf16", {"fsdp": 2}, grad_bytes=4),  # reduce_dtype fp32
+    "tp": Case("tp=2", "fp32", {"tp": 2}),
+    "tp_sp": Case("tp=2", "fp32", {"tp": 2, "sp": True}, sequence_parallel=True),
 }
 
 
@@ -36,16 +48,23 @@ def counted(tmp_path_factory) -> dict:
     return ranks[0]
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", list(CASES))
 def test_planned_bytes_per_step_match_counted_within_5_percent(counted, name):
     from lmforge.config import preset
     from lmforge.plan.comm import comm_bytes_per_step
     from lmforge.plan.layout import Layout
     from lmforge.plan.shapes import from_model_config
 
+    case = CASES[name]
     shape = from_model_config("tiny", preset("tiny").model)
-    layout = Layout(**STRATEGIES[name][2])
-    planned = comm_bytes_per_step(shape, layout, MICRO_BATCH, SEQ_LEN, precision="fp32")
+    planned = comm_bytes_per_step(
+        shape,
+        Layout(**case.layout),
+        MICRO_BATCH,
+        SEQ_LEN,
+        precision=case.precision,
+        grad_bytes=case.grad_bytes,
+    )
     by_op = {op: nbytes for op, (_, nbytes) in counted[name].items()}
     measured = sum(by_op.values())
     assert sum(planned.values()) == pytest.approx(measured, rel=0.05), (planned, by_op)
@@ -54,7 +73,7 @@ def test_planned_bytes_per_step_match_counted_within_5_percent(counted, name):
 # ---- the worker, run by torchrun ------------------------------------------------------------
 
 
-def _one_step(parallel: str, sequence_parallel: bool) -> dict:
+def _one_step(case: Case) -> dict:
     from lmforge.config import preset
     from lmforge.model import Transformer
     from lmforge.parallel.comm_count import count_collectives
@@ -68,9 +87,10 @@ def _one_step(parallel: str, sequence_parallel: bool) -> dict:
     torch.manual_seed(0)
     model = Transformer(config)
     ids = torch.randint(0, config.vocab_size, (MICRO_BATCH, SEQ_LEN + 1))
-    with distributed(parallel, cpu, timeout_s=60) as world:
-        options = ParallelOptions(sequence_parallel=sequence_parallel)
-        composed = compose(model, make_precision("fp32", cpu), cpu, world=world, parallel=options)
+    precision = make_precision(case.precision, cpu)
+    with distributed(case.parallel, cpu, timeout_s=60) as world:
+        options = ParallelOptions(sequence_parallel=case.sequence_parallel)
+        composed = compose(model, precision, cpu, world=world, parallel=options)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         with count_collectives() as counter:
             with composed.micro_step(last=True):
@@ -81,7 +101,7 @@ def _one_step(parallel: str, sequence_parallel: bool) -> dict:
 
 def _worker(out: Path) -> None:
     dist.init_process_group("gloo")
-    record = {name: _one_step(parallel, sp) for name, (parallel, sp, _) in STRATEGIES.items()}
+    record = {name: _one_step(case) for name, case in CASES.items()}
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 

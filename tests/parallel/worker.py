@@ -11,22 +11,25 @@ A run with "die": true makes rank 1 exit abruptly after joining, to test the sur
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 os.environ.setdefault("LMFORGE_PROGRESS", "0")
 
 
 def main(spec_path: str) -> None:
+    import torch.distributed as dist
+
     from lmforge.errors import LmforgeError
     from lmforge.model import ModelConfig
     from lmforge.parallel.world import distributed, mean_over_data
     from lmforge.train import TrainConfig, train
 
-    import torch.distributed as dist
-
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")  # one group for all runs (train() joins an existing one)
+    # One group for all runs (train() joins an existing one), timing out like the first run asks.
+    timeout = spec["runs"][0]["train"].get("collective_timeout_s", 60)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     for run in spec["runs"]:
         cfg = TrainConfig(**run["train"])
         out = Path(run["out"])
@@ -34,10 +37,10 @@ def main(spec_path: str) -> None:
             if run.get("die"):
                 import torch
 
-                with distributed(cfg.parallel, torch.device("cpu"), cfg.collective_timeout_s) as w:
+                with distributed(cfg.parallel, torch.device("cpu"), cfg.collective_timeout_s):
                     if rank == 1:
                         os._exit(3)
-                    mean_over_data(torch.ones(()), w)  # the peer is gone: this must fail
+                    mean_over_data(torch.ones(()))  # the peer is gone: this must fail
                 continue
             train(ModelConfig(**spec["model"]), cfg, spec["shard_dir"], out)
         except LmforgeError as e:

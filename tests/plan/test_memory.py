@@ -9,7 +9,7 @@ import torch
 from lmforge.config import PRESETS
 from lmforge.model import Transformer
 from lmforge.plan.layout import Layout
-from lmforge.plan.memory import activation_bytes_per_layer, state_bytes
+from lmforge.plan.memory import activation_bytes_per_layer, head_activation_bytes, state_bytes
 from lmforge.plan.precision import precision_bytes
 from lmforge.plan.shapes import from_model_config
 from lmforge.train.master import ComputeCopy
@@ -26,8 +26,7 @@ def nbytes(tensors) -> int:
 def moments_bytes(optimizer, params) -> int:
     """exp_avg and exp_avg_sq (the scalar step counters, 4 B per tensor, are left out)."""
     return sum(
-        nbytes(v for k, v in optimizer.state[p].items() if k.startswith("exp_avg"))
-        for p in params
+        nbytes(v for k, v in optimizer.state[p].items() if k.startswith("exp_avg")) for p in params
     )
 
 
@@ -89,7 +88,7 @@ def measured_per_layer(cfg, mode: str, dtype: torch.dtype) -> int:
         model = Transformer(dataclasses.replace(cfg, n_layers=n_layers)).to(dtype)
         apply_activation_checkpointing(model, mode)
         ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
-        saved.append(saved_activation_bytes(model, lambda m=model: m(ids).float().sum()))
+        saved.append(saved_activation_bytes(model, lambda m=model, ids=ids: m(ids).float().sum()))
     return saved[1] - saved[0]
 
 
@@ -107,3 +106,20 @@ def test_activation_bytes_per_layer_match_saved_tensor_hooks(mode, dtype, change
     e = torch.finfo(dtype).bits // 8
     predicted = activation_bytes_per_layer(from_model_config("t", cfg), BATCH, SEQ, mode, e)
     assert predicted == pytest.approx(measured_per_layer(cfg, mode, dtype), rel=0.10)
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_whole_model_saved_bytes_with_the_loss_within_ten_percent(mode):
+    cfg = PRESETS["tiny"]().model
+    model = Transformer(cfg)
+    apply_activation_checkpointing(model, mode)
+    ids, targets = torch.randint(0, cfg.vocab_size, (2, BATCH, SEQ))
+
+    def loss():
+        logits = model(ids).float().flatten(0, 1)
+        return torch.nn.functional.cross_entropy(logits, targets.flatten())
+
+    shape = from_model_config("t", cfg)
+    predicted = cfg.n_layers * activation_bytes_per_layer(shape, BATCH, SEQ, mode, 4)
+    predicted += head_activation_bytes(shape, BATCH, SEQ, 4)
+    assert predicted == pytest.approx(saved_activation_bytes(model, loss), rel=0.10)

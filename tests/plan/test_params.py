@@ -53,9 +53,14 @@ def test_named_shapes_equal_published_counts(name):
 def test_mixtral_active_parameters():
     counts = param_counts(resolve("mixtral-8x7b"))
     assert counts["active"] == 12_879_925_248  # 2 of 8 experts: ~12.9B
-    assert counts["mlp"] + counts["router"] + counts["attention"] + counts["embeddings"] * 2 + (
-        counts["norms"]
-    ) == counts["total"]
+    assert (
+        counts["mlp"]
+        + counts["router"]
+        + counts["attention"]
+        + counts["embeddings"] * 2
+        + (counts["norms"])
+        == counts["total"]
+    )
 
 
 def test_lmforge_gpt2_preset_plans_as_what_it_trains():

@@ -1,0 +1,239 @@
+"""Inference speed: lmforge's engine against transformers' generate, side by side in one run.
+
+Both sides hold identical weights (lmforge's model exported with `to_hf_state_dict` into
+transformers' LlamaForCausalLM, sdpa attention, its default dynamic KV cache), run one CPU
+thread, decode greedily and are timed in interleaved repetitions (medians reported). Times
+are CPU seconds of the thread doing the work (transformers: the caller's; lmforge: its
+scheduler thread's), so other load on a shared machine does not count against either side:
+
+- prefill: tokens/s of a 512-token prompt (time to the first token);
+- decode: generated tokens/s at batch 1 (after that 512-token prompt) and at batch 8 (after
+  512-token prompts for the small model, 128 for the large one, whose batched prefill would
+  otherwise dominate the run), from the second decode step (all prompts prefilled) to the last;
+- the matrix-vector floor: the bytes of weights a decode step reads (everything but the
+  embedding table) over this machine's matrix-vector bandwidth in that dtype, measured here.
+
+Models: small (vocab 8192, d_model 256, 4 layers) and large (vocab 32000, d_model 768, 12
+layers), in fp32 and bf16; lmforge eager and with its compiled decode step (small model).
+Writes benchmarks/results/infer.json.
+
+    python benchmarks/bench_infer.py [--reps 3] [--only small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import torch.nn.functional as F
+
+from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.model import ModelConfig, Transformer
+from lmforge.model.hf import hf_config, to_hf_state_dict
+
+RESULTS = Path(__file__).parent / "results" / "infer.json"
+PREFILL_LEN, BATCH = 512, 8
+MODELS = {  # config, decode steps, prompt tokens at batch 8
+    "small": (ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=4), 64, 512),
+    "large": (ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12), 32, 128),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class NoSpecials:
+    """The engine's tokenizer interface, with no stop tokens: every run decodes to length."""
+
+    special_tokens: dict[str, int] = {}  # noqa: RUF012
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"x"
+
+
+def lmforge_run(engine: Engine, prompts: list[list[int]], n: int) -> list[float]:
+    """The scheduler thread's CPU clock at submission and as each step's tokens arrive."""
+    engine.submit([0], SamplingParams(max_tokens=1)).result()  # the thread is running
+    assert engine._thread is not None and engine._thread.ident is not None
+    cpu = time.pthread_getcpuclockid(engine._thread.ident)
+    start = time.clock_gettime(cpu)
+    handles = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts]
+    times = [time.clock_gettime(cpu) for _ in handles[0]]
+    for h in handles[1:]:
+        h.result()
+    return [start, *times]
+
+
+def hf_run(model, prompts: list[list[int]], n: int) -> list[float]:
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Clock(LogitsProcessor):  # called once per step, after that step's forward
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores):
+            self.times.append(time.thread_time())
+            return scores
+
+    clock = Clock()
+    ids = torch.tensor(prompts)
+    start = time.thread_time()
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            logits_processor=LogitsProcessorList([clock]),
+        )
+    return [start, *clock.times]
+
+
+def rates(times: list[float], batch: int, prompt_len: int) -> tuple[float, float]:
+    """(prefill tokens/s, decode tokens/s) from [start, step 1, step 2, ...] times."""
+    prefill = prompt_len * batch / (times[1] - times[0])
+    decode = batch * (len(times) - 3) / (times[-1] - times[2])
+    return prefill, decode
+
+
+def matvec_bandwidth(dtype: torch.dtype, n_bytes: int = 440_000_000, reps: int = 5) -> float:
+    """Bytes/s of y = W x over a weight matrix of about n_bytes (well past the caches)."""
+    d = 768
+    w = torch.randn(n_bytes // (d * 4), d).to(dtype)
+    x = torch.randn(1, d).to(dtype)
+    F.linear(x, w)
+    times = []
+    for _ in range(reps):
+        t = time.thread_time()
+        F.linear(x, w)
+        times.append(time.thread_time() - t)
+    return w.numel() * w.element_size() / statistics.median(times)
+
+
+def bench_model(name: str, dtype_name: str, reps: int, bandwidth: float) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config, n, batch_len = MODELS[name]
+    config.max_seq_len = 1024
+    dtype = DTYPES[dtype_name]
+    torch.manual_seed(0)
+    model = Transformer(config).to(dtype).eval()
+    fields = {
+        k: v for k, v in hf_config(config).items() if k not in ("architectures", "model_type")
+    }
+    hf = LlamaForCausalLM(LlamaConfig(**fields, attn_implementation="sdpa")).to(dtype).eval()
+    hf.load_state_dict(to_hf_state_dict(model))
+    weight_bytes = sum(
+        p.numel() * p.element_size() for k, p in model.named_parameters() if "tok_emb" not in k
+    )
+    g = torch.Generator().manual_seed(1)
+    long = [torch.randint(0, config.vocab_size, (PREFILL_LEN,), generator=g).tolist()]
+    batch = torch.randint(0, config.vocab_size, (BATCH, batch_len), generator=g).tolist()
+    impls = {"transformers": lambda p, k: hf_run(hf, p, k)}
+    engines = {"lmforge": Engine(model, NoSpecials(), max_batch_size=BATCH)}
+    if name == "small":
+        engines["lmforge compiled"] = Engine(
+            model, NoSpecials(), max_batch_size=BATCH, compile=True
+        )
+    for label, engine in engines.items():
+        impls[label] = lambda p, k, e=engine: lmforge_run(e, p, k)
+    samples: dict[str, dict[str, list[float]]] = {k: {} for k in impls}
+    check = {}
+    warm = 16 if name == "large" else None  # the small model warms up the exact shapes it runs
+    for run in impls.values():  # the compiled step compiles here, before timing
+        run([p[:warm] for p in long], 3)
+        run([p[:warm] for p in batch], 3)
+    for _ in range(reps):  # interleaved: every implementation once per round
+        for label, run in impls.items():
+            prefill, decode1 = rates(run(long, n), 1, PREFILL_LEN)
+            _, decode8 = rates(run(batch, n), BATCH, batch_len)
+            measured = {"prefill": prefill, "decode_b1": decode1, "decode_b8": decode8}
+            for key, value in measured.items():
+                samples[label].setdefault(key, []).append(value)
+    for label, engine in engines.items():  # identical weights, identical greedy tokens
+        check[label] = engine.generate(long, SamplingParams(max_tokens=8, temperature=0))[0]
+        engine.close()
+    with torch.inference_mode():
+        ref = hf.generate(torch.tensor(long), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    same = {k: c.token_ids == ref[0, PREFILL_LEN:].tolist() for k, c in check.items()}
+    floor_ms = weight_bytes / bandwidth * 1e3
+    result = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "weight_bytes_per_step": weight_bytes,
+        "matvec_floor_ms": floor_ms,
+        "same_greedy_tokens": same,
+        "decode_steps": n,
+        "batch8_prompt_tokens": batch_len,
+    }
+    for label, runs in samples.items():
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        med["decode_b1_ms_per_step"] = 1e3 / med["decode_b1"]
+        med["pct_of_floor_b1"] = 100 * floor_ms / med["decode_b1_ms_per_step"]
+        result[label] = med
+    hf_med = result["transformers"]
+    for label in engines:
+        result[label]["ratio_vs_transformers"] = {
+            k: result[label][k] / hf_med[k] for k in ("prefill", "decode_b1", "decode_b8")
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--only", choices=sorted(MODELS), help="one model size")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import transformers
+
+    bandwidth = {k: matvec_bandwidth(DTYPES[k]) for k in args.dtypes.split(",")}
+    out = {
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": 1,
+        "matvec_bandwidth_gb_s": {k: v / 1e9 for k, v in bandwidth.items()},
+        "results": {},
+    }
+    print(f"matrix-vector bandwidth: {out['matvec_bandwidth_gb_s']}")
+    head = f"| {'model':<6} | dtype | {'implementation':<16} | prefill tok/s | decode b1 tok/s"
+    print(head + " | ms/step | % of floor | decode b8 tok/s |")
+    for name in [args.only] if args.only else list(MODELS):
+        for dtype_name in args.dtypes.split(","):
+            r = bench_model(name, dtype_name, args.reps, bandwidth[dtype_name])
+            out["results"][f"{name}/{dtype_name}"] = r
+            for label in [k for k in r if isinstance(r[k], dict) and "prefill" in r[k]]:
+                m = r[label]
+                ratio = m.get("ratio_vs_transformers")
+                x = (
+                    ""
+                    if ratio is None
+                    else " ({:.2f}x, {:.2f}x, {:.2f}x)".format(
+                        *(ratio[k] for k in ("prefill", "decode_b1", "decode_b8"))
+                    )
+                )
+                print(
+                    f"| {name:<6} | {dtype_name} | {label:<16} | {m['prefill']:13.0f} | "
+                    f"{m['decode_b1']:15.1f} | {m['decode_b1_ms_per_step']:7.2f} | "
+                    f"{m['pct_of_floor_b1']:9.0f}% | {m['decode_b8']:15.1f} |{x}"
+                )
+            floor, same = r["matvec_floor_ms"], r["same_greedy_tokens"]
+            print(f"  matvec floor {floor:.2f} ms/step; same greedy tokens: {same}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.replace(RESULTS)
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

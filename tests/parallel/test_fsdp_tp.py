@@ -1,0 +1,52 @@
+"""Four processes: FSDP × TP (2-D mesh) and DP × TP train like one process; a dead rank makes
+the survivors stop with a clear error instead of hanging.
+
+Tolerance as for the other fp32 strategies: loss to 1e-4, weights to rtol 1e-4 / atol 5e-5.
+"""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmforge.train.checkpoint import list_checkpoints
+from lmforge.train.metrics import read_metrics
+
+LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2"}
+
+
+def losses(out) -> list[float]:
+    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def weights(out) -> dict[str, torch.Tensor]:
+    return load_file(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def group(launcher, tmp_path_factory):
+    root = tmp_path_factory.mktemp("group4")
+    train = {**launcher.train, "collective_timeout_s": 20.0}
+    runs = [{"out": str(root / k), "train": {**train, "parallel": v}} for k, v in LAYOUTS.items()]
+    runs.append({"out": str(root / "dead_rank"), "train": train, "die": True})
+    procs, outputs = launcher.spawn(4, runs, root)
+    return root, [p.returncode for p in procs], outputs
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_two_dimensional_layout_matches_single_process(name, group, references):
+    reference = references / "fp32"
+    root, _, outputs = group
+    assert (root / name / "metrics.jsonl").exists(), outputs[0][-3000:]
+    assert losses(root / name) == pytest.approx(losses(reference), abs=1e-4)
+    expected = weights(reference)
+    for key, value in weights(root / name).items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=5e-5, msg=key)
+
+
+def test_dead_rank_stops_the_others_with_a_clear_error(group):
+    root, returncodes, outputs = group
+    assert returncodes[1] == 3  # the rank that died
+    assert [returncodes[r] for r in (0, 2, 3)] == [0, 0, 0], outputs[0][-3000:]
+    message = (root / "dead_rank" / "error.txt").read_text()
+    assert message.startswith("rank 0: a collective failed")
+    assert "train.collective_timeout_s=20" in message

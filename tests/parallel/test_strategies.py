@@ -1,0 +1,131 @@
+"""Every parallel strategy trains like one process on the same global batch.
+
+One spawned group of 2 gloo processes runs all strategies in turn (start-up paid once); the
+reference runs train in this process. Tolerances: fp32 strategies match the single-process
+loss to 1e-4 (metrics keep 5 decimals) and the final weights to rtol 1e-4 / atol 5e-5 (only the
+order of floating-point sums differs, and Adam magnifies that for gradients near zero; 5e-5
+is 2 % of one lr step). FSDP's bf16 policy (bf16 weights in the forward, where
+the reference autocasts fp32 weights) matches the loss to 2e-3; its weights differ from the
+reference as much as bf16 autocast's differ from fp32 (Adam turns tiny gradient differences
+into whole lr-sized steps on a few elements): mean |Δ| ≤ 2e-4 and max |Δ| ≤ 2e-2 per tensor.
+"""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmforge.errors import LmforgeError
+from lmforge.parallel.checkpoint import export_safetensors
+from lmforge.train.checkpoint import list_checkpoints, load_checkpoint
+from lmforge.train.metrics import read_metrics
+
+STRATEGIES = {  # name: (train.* of the 2-process run, reference, tolerance)
+    "ddp": ({"parallel": "dp=2"}, "fp32", "fp32"),
+    "ddp_accumulation": ({"parallel": "dp=2", "grad_accum_steps": 2}, "accum", "fp32"),
+    "zero1": ({"parallel": "dp=2", "zero1": True}, "fp32", "fp32"),
+    "fsdp": ({"parallel": "fsdp=2"}, "fp32", "fp32"),
+    "fsdp_bf16_zero2": (
+        {"parallel": "fsdp=2", "precision": "bf16", "reshard_after_forward": False},
+        "bf16",
+        "bf16",
+    ),
+    "tp": ({"parallel": "tp=2", "sequence_parallel": False}, "fp32", "fp32"),
+    "tp_sp": ({"parallel": "tp=2", "sequence_parallel": True}, "fp32", "fp32"),
+}
+
+
+def losses(out) -> list[float]:
+    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def weights(out) -> dict[str, torch.Tensor]:
+    return load_file(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def group(launcher, tmp_path_factory):
+    """All 2-process runs, in one group: the strategies, then a checkpoint at fsdp=2 (2 steps)
+    resumed at tp=2 (to 4 steps)."""
+    root = tmp_path_factory.mktemp("group2")
+    base = launcher.train
+    runs = [
+        {"out": str(root / name), "train": {**base, **t}} for name, (t, _, _) in STRATEGIES.items()
+    ]
+    half = {**base, "parallel": "fsdp=2", "max_steps": 2}
+    runs.append({"out": str(root / "resharded"), "train": half})
+    runs.append({"out": str(root / "resharded"), "train": {**base, "parallel": "tp=2"}})
+    procs, outputs = launcher.spawn(2, runs, root)
+    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    return root
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_strategy_matches_single_process(name, group, references, launcher):
+    _, reference, tolerance = STRATEGIES[name]
+    got, want = losses(group / name), losses(references / reference)
+    assert len(got) == launcher.train["max_steps"]
+    assert got == pytest.approx(want, abs=1e-4 if tolerance == "fp32" else 2e-3)
+    expected = weights(references / reference)
+    for key, value in weights(group / name).items():
+        if tolerance == "fp32":
+            torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=5e-5, msg=key)
+        else:
+            difference = (value - expected[key]).abs()
+            assert difference.mean() <= 2e-4 and difference.max() <= 2e-2, key
+
+
+def test_communication_is_logged_per_strategy(group):
+    n_bytes = 4 * sum(w.numel() for w in weights(group / "ddp").values())  # fp32 gradients
+    by_strategy = {
+        name: [r for r in read_metrics(group / name / "metrics.jsonl") if "loss" in r][-1]
+        for name in ("ddp", "fsdp", "tp", "tp_sp")
+    }
+    ddp, fsdp, tp, tp_sp = by_strategy.values()
+    assert ddp["comm/all_reduce"] >= n_bytes  # every gradient, once
+    assert fsdp["comm/reduce_scatter"] >= n_bytes and fsdp["comm/all_gather"] >= n_bytes
+    assert "comm/reduce_scatter" not in tp and tp["comm/all_reduce"] > 0
+    assert tp_sp["comm/reduce_scatter"] > 0 and tp_sp["comm/all_gather"] > 0
+    assert all(r["comm_bytes_per_step"] > 0 for r in by_strategy.values())
+
+
+def test_checkpoint_resharded_from_fsdp_to_tp_continues_the_run(group, references):
+    assert losses(group / "resharded") == pytest.approx(losses(references / "fp32"), abs=1e-4)
+    expected = weights(references / "fp32")
+    for key, value in weights(group / "resharded").items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=5e-5)
+
+
+def test_checkpoint_from_fsdp_resumes_in_one_process(group, references, launcher, tmp_path):
+    step_2 = tmp_path / "checkpoints" / "step_2"
+    shutil.copytree(group / "resharded" / "checkpoints" / "step_2", step_2)
+    (step_2 / "model.safetensors").unlink()  # only the run's last checkpoint has one anyway
+    shutil.copy(group / "resharded" / "metrics.jsonl", tmp_path / "metrics.jsonl")
+    launcher.single(tmp_path)
+    assert losses(tmp_path) == pytest.approx(losses(references / "fp32"), abs=1e-4)
+    expected = weights(references / "fp32")
+    for key, value in weights(tmp_path).items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=5e-5)
+
+
+def test_distributed_checkpoint_loads_for_inference(group, tmp_path):
+    step_2 = tmp_path / "step_2"
+    shutil.copytree(group / "resharded" / "checkpoints" / "step_2", step_2)
+    exported = load_file(step_2 / "model.safetensors")
+    (step_2 / "model.safetensors").unlink()
+    model, tokenizer = load_checkpoint(step_2)  # gathers the shards, no process group
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, exported[key]), key
+    assert export_safetensors(step_2) == step_2 / "model.safetensors"
+    assert load_file(step_2 / "model.safetensors").keys() == exported.keys()
+    ids = torch.tensor([tokenizer.encode("def main():")])
+    assert model(ids).shape == (1, ids.shape[1], model.config.vocab_size)
+    final, _ = load_checkpoint(group / "resharded")  # the exported model.safetensors
+    assert not torch.equal(final.output.weight, model.output.weight)  # two more steps
+
+
+def test_zero1_state_cannot_be_resharded_to_another_layout(group, launcher, tmp_path):
+    shutil.copytree(group / "zero1" / "checkpoints", tmp_path / "checkpoints")
+    with pytest.raises(LmforgeError, match="ZeRO-1 optimizer state for 2 data-parallel ranks"):
+        launcher.single(tmp_path, max_steps=6)
