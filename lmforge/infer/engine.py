@@ -450,6 +450,8 @@ class Engine:
 
     def _compiled(self) -> Any:
         """The decode step compiled, once per (rows, kv_len) bucket: up to 8 × log2(slots)+1."""
+        import torch._dynamo
+
         shapes = KV_BUCKETS * (self.max_batch_size.bit_length() + 1)
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, shapes)

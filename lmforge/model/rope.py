@@ -46,9 +46,7 @@ class RotaryEmbedding(nn.Module):
             self.cos.copy_(cos)
             self.sin.copy_(sin)
 
-    def forward(
-        self, start: int | torch.Tensor, length: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, start: int | torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions start .. start+length-1, each of shape (length, head_dim).
 
         A LongTensor start (B,) gives each row its own positions: shapes (B, 1, length, head_dim).

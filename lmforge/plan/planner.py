@@ -176,7 +176,7 @@ def comm_lines(req: PlanRequest) -> list[Line]:
     for key, (b, t, link, n) in comm_times(req).items():
         op = key.split(".")[1]
         factor = RING_FACTOR[op](n)
-        lines.append(Line(f"{key}.bytes", f"{key} bytes", b, "B", _comm_formula(req, key)))
+        lines.append(Line(f"{key}.bytes", f"{key} bytes", b, "B", _comm_formula(req, key, b)))
         lines.append(
             Line(f"{key}.seconds", f"{key} time over {link.key}", t, "s",
                  f"{factor:.3f}·bytes / ({human(link.bandwidth, 'B/s')} · {link.efficiency}), "
@@ -185,8 +185,16 @@ def comm_lines(req: PlanRequest) -> list[Line]:
     return lines or [Line("none", "none", "one device: nothing to communicate")]
 
 
-def _comm_formula(req: PlanRequest, key: str) -> str:
+def _comm_formula(req: PlanRequest, key: str, nbytes: int) -> str:
     pb, accum = req.precision, req.grad_accum
+    if key.startswith("tp."):
+        tensor = req.micro_batch * req.seq_len * req.shape.d_model * pb.activation
+        recompute = " (+2 recomputed)" if req.activation_checkpointing == "full" else ""
+        return (
+            f"{nbytes // (tensor * accum)} × b·s·d·{pb.activation} B × {accum} micro-batches: "
+            f"per block 2 forward{recompute} + 2 backward, plus the vocabulary-parallel head"
+            + (" and the embedding's gradient" if key == "tp.all_gather" else "")
+        )
     return {
         "dp.all_reduce": f"gradients held per rank · {pb.grad} B, once per step",
         "dp.reduce_scatter": f"gradients · {pb.grad} B, once per step (ZeRO 1/2)",
@@ -194,10 +202,6 @@ def _comm_formula(req: PlanRequest, key: str) -> str:
         "fsdp.all_gather": f"(params + block params regathered in backward) · {pb.param} B · "
         f"{accum} micro-batches",
         "fsdp.reduce_scatter": f"params · {pb.grad} B · {accum} micro-batches",
-        "tp.all_reduce": f"(4 per block (2 fwd, 2 bwd) · L + 1 for the head) · b·s·d·"
-        f"{pb.activation} B · {accum}",
-        "tp.all_gather": f"(4 · L + 2) · b·s·d·{pb.activation} B · {accum} (sequence parallel)",
-        "tp.reduce_scatter": f"(4 · L + 1) · b·s·d·{pb.activation} B · {accum}",
     }[key]
 
 
