@@ -14,7 +14,7 @@ scheduler thread's), so other load on a shared machine does not count against ei
   embedding table) over this machine's matrix-vector bandwidth in that dtype, measured here.
 
 Models: small (vocab 8192, d_model 256, 4 layers) and large (vocab 32000, d_model 768, 12
-layers), in fp32 and bf16; lmforge eager and with its compiled decode step (small model).
+layers), in fp32 and bf16; lmforge eager and with its compiled decode step.
 Writes benchmarks/results/infer.json.
 
     python benchmarks/bench_infer.py [--reps 3] [--only small]
@@ -139,18 +139,14 @@ def bench_model(name: str, dtype_name: str, reps: int, bandwidth: float) -> dict
     batch = torch.randint(0, config.vocab_size, (BATCH, batch_len), generator=g).tolist()
     impls = {"transformers": lambda p, k: hf_run(hf, p, k)}
     engines = {"lmforge": Engine(model, NoSpecials(), max_batch_size=BATCH)}
-    if name == "small":
-        engines["lmforge compiled"] = Engine(
-            model, NoSpecials(), max_batch_size=BATCH, compile=True
-        )
+    engines["lmforge compiled"] = Engine(model, NoSpecials(), max_batch_size=BATCH, compile=True)
     for label, engine in engines.items():
         impls[label] = lambda p, k, e=engine: lmforge_run(e, p, k)
     samples: dict[str, dict[str, list[float]]] = {k: {} for k in impls}
     check = {}
-    warm = 16 if name == "large" else None  # the small model warms up the exact shapes it runs
-    for run in impls.values():  # the compiled step compiles here, before timing
-        run([p[:warm] for p in long], 3)
-        run([p[:warm] for p in batch], 3)
+    for run in impls.values():  # warm up at the shapes timed: the compiled step compiles here
+        run(long, 3)
+        run(batch, 3)
     for _ in range(reps):  # interleaved: every implementation once per round
         for label, run in impls.items():
             prefill, decode1 = rates(run(long, n), 1, PREFILL_LEN)

@@ -12,6 +12,7 @@ RequestHandle to iterate its tokens (blocking or asyncio), cancel it or wait for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import threading
@@ -151,13 +152,14 @@ class RequestHandle:
         raise self._error
 
     def _push(self, event: TokenEvent, completion: Completion | None = None) -> None:
-        self._finish(completion, None, event)
+        """Called by the scheduler thread: one more event, and the result with the last one."""
+        self._record(event, completion, None)
 
     def _fail(self, error: BaseException) -> None:
-        self._finish(None, error, None)
+        self._record(None, None, error)
 
-    def _finish(
-        self, completion: Completion | None, error: BaseException | None, event: TokenEvent | None
+    def _record(
+        self, event: TokenEvent | None, completion: Completion | None, error: BaseException | None
     ) -> None:
         with self._done:
             if event is not None:
@@ -167,7 +169,8 @@ class RequestHandle:
             waiters, self._waiters = self._waiters, []
             self._done.notify_all()
         for loop, wakeup in waiters:
-            loop.call_soon_threadsafe(_wake, wakeup)
+            with contextlib.suppress(RuntimeError):  # that event loop has closed meanwhile
+                loop.call_soon_threadsafe(_wake, wakeup)
 
 
 def _wake(future: asyncio.Future) -> None:

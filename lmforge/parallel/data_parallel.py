@@ -81,17 +81,11 @@ def build_zero1(
     weight_decay: float,
     fused: bool,
 ) -> Zero1:
-    groups = param_groups(model, weight_decay)
-    first, rest = groups[0], groups[1:]
-    optimizer = Zero1(
-        first["params"],
+    return Zero1(
+        param_groups(model, weight_decay),
         optimizer_class=torch.optim.AdamW,
         process_group=mesh.get_group(),
         lr=lr,
         betas=betas,
-        weight_decay=first["weight_decay"],
         fused=fused,
     )
-    for group in rest:
-        optimizer.add_param_group(group)
-    return optimizer

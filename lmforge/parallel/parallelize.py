@@ -89,11 +89,11 @@ def build_parallel_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW over the (possibly sharded) parameters: ZeRO-1 when asked, else PyTorch's AdamW,
     which steps DTensor shards in place (lmforge's own AdamW mixes them with plain tensors)."""
+    fused = fused and world.device.type in fused_devices()
     if options.zero1 and world.layout.dp > 1:
         return build_zero1(model, world.mesh["dp"], lr, betas, weight_decay, fused)
     groups = param_groups(model, weight_decay)
-    kernel = {"fused": True} if fused and world.device.type in fused_devices() else {}
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, **kernel)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
 
 @contextlib.contextmanager

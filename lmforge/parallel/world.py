@@ -52,6 +52,13 @@ def mean_over_data(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def from_rank_zero(value: int) -> int:
+    """Rank 0's `value` on every rank (e.g. a step count derived from rank 0's timing)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
 def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 

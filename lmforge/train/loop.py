@@ -28,7 +28,7 @@ from lmforge.errors import LmforgeError
 from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
 from lmforge.parallel.layout import ParallelOptions, parse_layout
-from lmforge.parallel.world import World, distributed, mean_over_data
+from lmforge.parallel.world import World, distributed, from_rank_zero, mean_over_data
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
@@ -305,7 +305,11 @@ def _train(
     composed.compute.train()
     with stop_requests() as stop:
         try:
-            while (total_steps is None or step < total_steps) and elapsed() < budget_s:
+            # Ranks must stop at the same step: on many processes the step count (fixed by
+            # rank 0's timing) ends the run, not each rank's own clock.
+            while (total_steps is None or step < total_steps) and (
+                world is not None or elapsed() < budget_s
+            ):
                 if stop:
                     raise KeyboardInterrupt
                 t0 = time.perf_counter()
@@ -367,6 +371,8 @@ def _train(
 
                 if total_steps is None and len(step_times) == CALIBRATION_STEPS + 1:
                     total_steps = _steps_in_budget(cfg, step_times[1:], budget_s - elapsed(), step)
+                    if world is not None:
+                        total_steps = from_rank_zero(total_steps)
                     log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
                     progress.total = total_steps
                     progress.refresh()

@@ -1,7 +1,7 @@
-"""Four processes: FSDP × TP (2-D mesh) and DP × TP train like one process; a dead rank makes
-the survivors stop with a clear error instead of hanging.
+"""Four processes: FSDP × TP, DP × TP and DP × FSDP (HSDP) train like one process; a dead rank
+makes the survivors stop with a clear error instead of hanging.
 
-Tolerance as for the other fp32 strategies: loss to 1e-4, weights to rtol 1e-4 / atol 5e-5.
+Tolerance as for the other fp32 strategies: loss to 1e-4, weights as `Launcher.assert_same_weights`.
 """
 
 import pytest
@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from lmforge.train.checkpoint import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
-LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2"}
+LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2", "hsdp": "dp=2,fsdp=2"}
 
 
 def losses(out) -> list[float]:
@@ -33,14 +33,12 @@ def group(launcher, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_two_dimensional_layout_matches_single_process(name, group, references):
+def test_two_dimensional_layout_matches_single_process(name, group, references, launcher):
     reference = references / "fp32"
     root, _, outputs = group
     assert (root / name / "metrics.jsonl").exists(), outputs[0][-3000:]
     assert losses(root / name) == pytest.approx(losses(reference), abs=1e-4)
-    expected = weights(reference)
-    for key, value in weights(root / name).items():
-        torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=5e-5, msg=key)
+    launcher.assert_same_weights(weights(root / name), weights(reference))
 
 
 def test_dead_rank_stops_the_others_with_a_clear_error(group):
