@@ -12,6 +12,8 @@ from lmforge.cli import build_parser, main
 
 # Scripts rely on these spellings; change them only on purpose.
 SURFACE = {
+    "export": {"--checkpoint", "--format", "--out"},
+    "import": {"--from", "--out"},
     "speedrun": {
         "--preset",
         "--config",
