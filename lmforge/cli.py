@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -452,10 +453,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.data:
         cfg = _with_data(cfg, args.data)
     result, _ = pretrain(cfg, args.out or Path("runs") / cfg.name, args.fresh, shard_dir)
-    print(
-        f"done: step {result.step}, val loss {result.final_eval.loss:.4f}, "
-        f"{result.final_eval.bpb:.4f} bits/byte; checkpoint {result.checkpoint}"
-    )
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line, not one per rank
+        print(
+            f"done: step {result.step}, val loss {result.final_eval.loss:.4f}, "
+            f"{result.final_eval.bpb:.4f} bits/byte; checkpoint {result.checkpoint}"
+        )
     return 0
 
 
