@@ -301,6 +301,16 @@ class Engine:
     def max_context(self) -> int:
         return self.model.config.max_seq_len
 
+    @property
+    def busy_slots(self) -> int:
+        """Batch slots held by admitted requests (prefilled or decoding)."""
+        return sum(r is not None for r in self._slots)
+
+    @property
+    def reserved_kv_tokens(self) -> int:
+        """KV positions promised to admitted requests (prompt + max_tokens each)."""
+        return self._reserved
+
     # ---- the public, thread-safe side -----------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:

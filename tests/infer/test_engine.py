@@ -90,7 +90,7 @@ def test_continuous_batching_equals_one_at_a_time_under_a_kv_cap(model):
     prefill = engine._prefill
 
     def spy(request):  # how many slots are taken, and how much KV is reserved, at admission
-        running.append((sum(r is not None for r in engine._slots), engine._reserved))
+        running.append((engine.busy_slots, engine.reserved_kv_tokens))
         prefill(request)
 
     engine._prefill = spy
@@ -102,7 +102,7 @@ def test_continuous_batching_equals_one_at_a_time_under_a_kv_cap(model):
     assert max(n for n, _ in running) >= 2  # requests did share the batch
     assert max(n for n, _ in running) < 4  # but the KV cap, not the slots, limited them
     assert all(reserved <= 60 for _, reserved in running)
-    assert engine._reserved == 0 and engine._slots == [None] * 4
+    assert engine.reserved_kv_tokens == 0 and engine.busy_slots == 0
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
@@ -236,7 +236,7 @@ def test_cancel_frees_the_slot_for_the_next_request(model):
     queued.cancel()
     assert queued.result().finish_reason in ("abort", "length")
     engine.close()
-    assert engine._reserved == 0 and engine._slots == [None]
+    assert engine.reserved_kv_tokens == 0 and engine.busy_slots == 0
 
 
 def test_async_iteration_yields_the_same_events(model):

@@ -66,10 +66,6 @@ def direct_chat(engine, tokenizer, messages, max_tokens):
     return result, len(ids), result.text.removeprefix(template.reply_prefix)
 
 
-def busy_slots(engine) -> int:
-    return sum(slot is not None for slot in engine._slots)
-
-
 def test_models_lists_the_served_model(client, engine):
     (card,) = client.models.list().data
     assert card.id == MODEL and card.owned_by == "lmforge"
@@ -290,10 +286,10 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(slow):
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # one token in
-        assert busy_slots(engine) == 1
+        assert engine.busy_slots == 1
     result = handles[-1].result()  # the client is gone: the request ends early
     assert result.finish_reason == "abort" and len(result.token_ids) < 120
-    assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
+    assert wait_for(lambda: engine.busy_slots == 0 and engine.reserved_kv_tokens == 0)
 
 
 def test_a_client_that_gives_up_on_a_whole_reply_frees_its_slot(slow):
@@ -303,7 +299,7 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_its_slot(slow):
         httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
     result = handles[-1].result()
     assert result.finish_reason == "abort" and len(result.token_ids) < 120
-    assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
+    assert wait_for(lambda: engine.busy_slots == 0 and engine.reserved_kv_tokens == 0)
 
 
 def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_starts(slow):
@@ -312,15 +308,15 @@ def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_starts(slow):
     with httpx.Client(timeout=30) as http:
         first = http.build_request("POST", f"{url}/v1/completions", json={**body, "prompt": "a"})
         running_stream = http.send(first, stream=True)  # holds the only slot
-        assert wait_for(lambda: busy_slots(engine) == 1)
+        assert wait_for(lambda: engine.busy_slots == 1)
         second = {**body, "messages": [USER]}
         with http.stream("POST", f"{url}/v1/chat/completions", json=second) as response:
             assert response.status_code == 200  # headers go out before the first token
         result = handles[-1].result()  # left while queued: aborted without a token
         assert result.finish_reason == "abort" and result.token_ids == []
-        assert busy_slots(engine) == 1  # the first one goes on
+        assert engine.busy_slots == 1  # the first one goes on
         running_stream.close()
-    assert wait_for(lambda: busy_slots(engine) == 0 and engine._reserved == 0)
+    assert wait_for(lambda: engine.busy_slots == 0 and engine.reserved_kv_tokens == 0)
 
 
 def test_64_concurrent_requests_all_complete(base_url, engine, tokenizer):
@@ -349,7 +345,7 @@ def test_64_concurrent_requests_all_complete(base_url, engine, tokenizer):
     assert [text for text, _ in results] == [e.text for e in expected]
     for (_, tokens), e in zip(results[::2], expected[::2], strict=True):
         assert tokens == len(e.token_ids)
-    assert busy_slots(engine) == 0
+    assert engine.busy_slots == 0
 
 
 def test_the_chat_page_and_its_assets_are_served(base_url):
