@@ -41,7 +41,7 @@ def test_train_under_torchrun(launcher, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "parallel fsdp=2 over 2 processes" in done.stdout
-    assert done.stdout.count("done: step 3") == 2  # every rank returns the same result
+    assert done.stdout.count("done: step 3") == 1  # rank 0 alone prints the summary
     steps = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]  # rank 0 alone writes metrics
     assert steps[-1]["comm_bytes_per_step"] > 0
