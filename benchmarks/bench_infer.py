@@ -11,10 +11,12 @@ scheduler thread's), so other load on a shared machine does not count against ei
   512-token prompts for the small model, 128 for the large one, whose batched prefill would
   otherwise dominate the run), from the second decode step (all prompts prefilled) to the last;
 - the matrix-vector floor: the bytes of weights a decode step reads (everything but the
-  embedding table) over this machine's matrix-vector bandwidth in that dtype, measured here.
+  embedding table) over this machine's matrix-vector bandwidth in that dtype, measured here
+  for both weight layouts; the floor uses the faster one.
 
 Models: small (vocab 8192, d_model 256, 4 layers) and large (vocab 32000, d_model 768, 12
-layers), in fp32 and bf16; lmforge eager and with its compiled decode step.
+layers), in fp32 and bf16; lmforge eager, with its compiled decode step, and compiled with
+column-major weights (`column_major_weights=True`, as `lmforge serve/chat/generate` run).
 Writes benchmarks/results/infer.json.
 
     python benchmarks/bench_infer.py [--reps 3] [--only small]
@@ -23,6 +25,7 @@ Writes benchmarks/results/infer.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -104,10 +107,15 @@ def rates(times: list[float], batch: int, prompt_len: int) -> tuple[float, float
     return prefill, decode
 
 
-def matvec_bandwidth(dtype: torch.dtype, n_bytes: int = 440_000_000, reps: int = 5) -> float:
-    """Bytes/s of y = W x over a weight matrix of about n_bytes (well past the caches)."""
+def matvec_bandwidth(
+    dtype: torch.dtype, column_major: bool = False, n_bytes: int = 440_000_000, reps: int = 5
+) -> float:
+    """Bytes/s of y = W x over a weight matrix of about n_bytes (well past the caches), with W
+    stored row-major (F.linear's usual layout) or column-major."""
     d = 768
     w = torch.randn(n_bytes // (d * 4), d).to(dtype)
+    if column_major:
+        w = w.t().contiguous().t()
     x = torch.randn(1, d).to(dtype)
     F.linear(x, w)
     times = []
@@ -140,6 +148,13 @@ def bench_model(name: str, dtype_name: str, reps: int, bandwidth: float) -> dict
     impls = {"transformers": lambda p, k: hf_run(hf, p, k)}
     engines = {"lmforge": Engine(model, NoSpecials(), max_batch_size=BATCH)}
     engines["lmforge compiled"] = Engine(model, NoSpecials(), max_batch_size=BATCH, compile=True)
+    engines["lmforge compiled, column-major"] = Engine(  # as serve/chat/generate run: owned copy
+        copy.deepcopy(model),
+        NoSpecials(),
+        max_batch_size=BATCH,
+        compile=True,
+        column_major_weights=True,
+    )
     for label, engine in engines.items():
         impls[label] = lambda p, k, e=engine: lmforge_run(e, p, k)
     samples: dict[str, dict[str, list[float]]] = {k: {} for k in impls}
@@ -191,13 +206,23 @@ def main() -> None:
     torch.set_num_threads(1)
     import transformers
 
-    bandwidth = {k: matvec_bandwidth(DTYPES[k]) for k in args.dtypes.split(",")}
+    layouts = {
+        k: {
+            "row_major": matvec_bandwidth(DTYPES[k]),
+            "column_major": matvec_bandwidth(DTYPES[k], True),
+        }
+        for k in args.dtypes.split(",")
+    }
+    bandwidth = {k: max(v.values()) for k, v in layouts.items()}  # the floor: the faster layout
     out = {
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "threads": 1,
-        "matvec_bandwidth_gb_s": {k: v / 1e9 for k, v in bandwidth.items()},
+        "matvec_bandwidth_gb_s": {
+            k: {layout: v / 1e9 for layout, v in by_layout.items()}
+            for k, by_layout in layouts.items()
+        },
         "results": {},
     }
     print(f"matrix-vector bandwidth: {out['matvec_bandwidth_gb_s']}")

@@ -27,6 +27,7 @@ from lmforge.errors import LmforgeError
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties, check_sampling_args, filter_logits
 from lmforge.infer.text import TextAssembler
+from lmforge.model.layers import Linear
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
@@ -178,6 +179,14 @@ def _wake(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
+def _lay_out_column_major(model: torch.nn.Module) -> None:
+    """Store each Linear weight (out, in) as the transpose of a contiguous (in, out) tensor."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.weight.data = module.weight.data.t().contiguous().t()
+
+
 @dataclass(eq=False)
 class _Request:
     prompt: list[int]
@@ -249,6 +258,12 @@ class Engine:
 
     The cache holds max_batch_size × max_context positions; `max_kv_tokens` caps how many of
     them admitted requests may reserve together (prompt + max_tokens each).
+
+    `column_major_weights` re-lays every Linear weight out column-major on a CPU, in place (same
+    values and shapes): MKL streams a matrix-vector product about 1.5x faster from that layout,
+    so batch-1 decode gets about 1.25x faster. The model's weights are then non-contiguous:
+    ask for it only when the engine owns the model (serving), not for one still trained or
+    saved.
     """
 
     def __init__(
@@ -260,11 +275,14 @@ class Engine:
         max_kv_tokens: int | None = None,
         compile: bool = False,
         device: torch.device | str | None = None,
+        column_major_weights: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise LmforgeError(f"max_batch_size={max_batch_size} is invalid: use 1 or more")
         if device is not None:
             model.to(device)
+        if column_major_weights and model.tok_embeddings.weight.device.type == "cpu":
+            _lay_out_column_major(model)  # a CPU (MKL) matter; GPUs keep the usual layout
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size

@@ -77,7 +77,9 @@ def run_generate(
             beams_out = [{"text": t, "score": b.score} for t, b in zip(texts, found, strict=True)]
             print(json.dumps({"prompt": prompt, "beams": beams_out}), file=out)
         return
-    with Engine(model, tokenizer, max_batch_size=batch_size, compile=compile) as engine:
+    with Engine(
+        model, tokenizer, max_batch_size=batch_size, compile=compile, column_major_weights=True
+    ) as engine:
         if stream:
             out.write(prompts[0])
             for event in engine.submit(ids[0], params):

@@ -1,5 +1,6 @@
 import asyncio
 import codecs
+import copy
 
 import pytest
 import torch
@@ -291,3 +292,16 @@ def test_closed_engine_refuses_requests(model):
     engine.close()
     with pytest.raises(LmforgeError, match="closed"):
         engine.submit([1], SamplingParams())
+
+
+def test_column_major_weights_keep_values_and_tokens(model):
+    relaid = copy.deepcopy(model)
+    params = SamplingParams(max_tokens=12, temperature=0)
+    with Engine(relaid, ByteTokenizer(), max_batch_size=4, column_major_weights=True) as engine:
+        got = engine.generate(PROMPTS, params)
+    weight = relaid.layers[0].attn.q_proj.weight
+    assert weight.stride() == (1, weight.shape[0])  # (out, in) stored as a contiguous (in, out)
+    assert torch.equal(weight, model.layers[0].attn.q_proj.weight)
+    with Engine(model, ByteTokenizer(), max_batch_size=4) as engine:
+        want = engine.generate(PROMPTS, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
