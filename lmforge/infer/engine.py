@@ -482,17 +482,12 @@ class Engine:
 
     def _compiled(self) -> Any:
         """The decode step compiled, once per (rows, kv_len) bucket: up to 8 × log2(slots)+1."""
-        import torch._dynamo
-
-        # Every engine's step shares one code object, whose compiled variants count against
-        # one limit: each engine adds its own shapes to it.
         shapes = KV_BUCKETS * (self.max_batch_size.bit_length() + 1)
-        config = torch._dynamo.config
-        config.recompile_limit += shapes
-        config.accumulated_recompile_limit = max(
-            config.accumulated_recompile_limit, config.recompile_limit
+        # isolate_recompiles: this engine's variants count against its own limit, not those of
+        # every engine's step (one code object).
+        return torch.compile(
+            self._forward, dynamic=False, recompile_limit=shapes, isolate_recompiles=True
         )
-        return torch.compile(self._forward, dynamic=False)
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """One decode step of the cache's first rows: logits (rows, vocab) of their next tokens."""
