@@ -108,7 +108,7 @@ def run_chat(
     from lmforge.train.checkpoint import load_checkpoint
 
     model, tokenizer = load_checkpoint(checkpoint, device)
-    with Engine(model, tokenizer, max_batch_size=1, column_major_weights=True) as engine:
+    with Engine(model, tokenizer, max_batch_size=1, relayout_weights=True) as engine:
         template = ChatTemplate(tokenizer)
         print(
             f"chatting with {checkpoint} ({template.name} template, "

@@ -77,8 +77,9 @@ def run_generate(
             beams_out = [{"text": t, "score": b.score} for t, b in zip(texts, found, strict=True)]
             print(json.dumps({"prompt": prompt, "beams": beams_out}), file=out)
         return
+    slots = min(batch_size, len(ids))  # one prompt: a batch-1 engine, laid out for that
     with Engine(
-        model, tokenizer, max_batch_size=batch_size, compile=compile, column_major_weights=True
+        model, tokenizer, max_batch_size=slots, compile=compile, relayout_weights=True
     ) as engine:
         if stream:
             out.write(prompts[0])

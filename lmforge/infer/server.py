@@ -499,9 +499,7 @@ def serve(
 
     model, tokenizer = load_checkpoint(checkpoint, device)
     name = model_name or Path(checkpoint).resolve().name
-    with Engine(
-        model, tokenizer, max_batch_size=max_batch_size, column_major_weights=True
-    ) as engine:
+    with Engine(model, tokenizer, max_batch_size=max_batch_size, relayout_weights=True) as engine:
         app = create_app(engine, tokenizer, name)
         print(f"serving {name!r} on http://{host}:{port} (chat page at /, API at /v1)")
         uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -10,6 +10,7 @@ from lmforge.infer import generate
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties
+from lmforge.infer.weights import PackedLinear
 from lmforge.model import ModelConfig, Transformer
 
 EOT = 256
@@ -294,14 +295,33 @@ def test_closed_engine_refuses_requests(model):
         engine.submit([1], SamplingParams())
 
 
-def test_column_major_weights_keep_values_and_tokens(model):
+@pytest.mark.parametrize(
+    ("slots", "dtype", "compile", "layout"),
+    [
+        (1, torch.float32, False, "column-major"),
+        (4, torch.float32, False, "packed"),
+        (4, torch.float32, True, "packed"),
+        (4, torch.bfloat16, False, "packed"),
+    ],
+)
+def test_relaid_weights_give_the_same_tokens(model, slots, dtype, compile, layout):
+    model = copy.deepcopy(model).to(dtype)
     relaid = copy.deepcopy(model)
     params = SamplingParams(max_tokens=12, temperature=0)
-    with Engine(relaid, ByteTokenizer(), max_batch_size=4, column_major_weights=True) as engine:
-        got = engine.generate(PROMPTS, params)
-    weight = relaid.layers[0].attn.q_proj.weight
-    assert weight.stride() == (1, weight.shape[0])  # (out, in) stored as a contiguous (in, out)
-    assert torch.equal(weight, model.layers[0].attn.q_proj.weight)
-    with Engine(model, ByteTokenizer(), max_batch_size=4) as engine:
-        want = engine.generate(PROMPTS, params)
+    prompts = PROMPTS[:slots]
+    engine = Engine(
+        relaid, ByteTokenizer(), max_batch_size=slots, compile=compile, relayout_weights=True
+    )
+    with engine:
+        assert engine.weight_layout == layout
+        got = engine.generate(prompts, params)
+    with Engine(model, ByteTokenizer(), max_batch_size=slots) as engine:
+        assert engine.weight_layout == "row-major"
+        want = engine.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    if layout == "column-major":
+        weight = relaid.layers[0].attn.q_proj.weight
+        assert weight.stride() == (1, weight.shape[0])  # (out, in) stored as a contiguous (in, out)
+        assert torch.equal(weight, model.layers[0].attn.q_proj.weight)
+    else:
+        assert isinstance(relaid.layers[0].attn.q_proj, PackedLinear)

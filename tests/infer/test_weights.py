@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from lmforge.infer.weights import PackedLinear, decode_layout, lay_out_for_decode
+from lmforge.model import ModelConfig, Transformer
+from lmforge.model.layers import Linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_matches_linear_eager_and_compiled(dtype):
+    torch.manual_seed(0)
+    linear = Linear(48, 80).to(dtype)
+    packed = PackedLinear(linear, batch_size=8)
+    x = torch.randn(3, 5, 48, dtype=dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    with torch.inference_mode():
+        want = linear(x)
+        torch.testing.assert_close(packed(x), want, **tol)
+        compiled = torch.compile(packed, fullgraph=True, dynamic=False)
+        torch.testing.assert_close(compiled(x), want, **tol)
+        assert packed(x[:1, :1]).shape == (1, 1, 80)  # any number of rows, not just the hint
+
+
+def test_decode_layout_by_batch_dtype_and_device():
+    fp32, bf16 = torch.empty(4, 4), torch.empty(4, 4, dtype=torch.bfloat16)
+    assert decode_layout(fp32, 1) == "column-major"
+    assert decode_layout(fp32, 8) == "packed"
+    assert decode_layout(bf16, 1) == "packed"
+    assert decode_layout(torch.empty(4, 4, dtype=torch.float16), 8) == "row-major"
+    assert decode_layout(torch.empty(4, 4, device="meta"), 1) == "row-major"
+
+
+def test_lay_out_for_decode_replaces_every_linear_and_keeps_the_logits():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4)).eval()
+    ids = torch.randint(0, 64, (2, 9))
+    with torch.inference_mode():
+        want = model(ids)
+        n_linear = sum(isinstance(m, Linear) for m in model.modules())
+        assert lay_out_for_decode(model, 8) == "packed"
+        assert sum(isinstance(m, PackedLinear) for m in model.modules()) == n_linear
+        assert not any(isinstance(m, Linear) for m in model.modules())
+        torch.testing.assert_close(model(ids), want, atol=1e-5, rtol=1e-5)
