@@ -59,6 +59,13 @@ def from_rank_zero(value: int) -> int:
     return int(box[0])
 
 
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is true on any (e.g. a stop signal that reached only one)."""
+    box = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(box, dist.ReduceOp.MAX)
+    return bool(box.item())
+
+
 def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 

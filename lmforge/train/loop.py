@@ -28,7 +28,7 @@ from lmforge.errors import LmforgeError
 from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
 from lmforge.parallel.layout import ParallelOptions, parse_layout
-from lmforge.parallel.world import World, distributed, from_rank_zero, mean_over_data
+from lmforge.parallel.world import World, any_rank, distributed, from_rank_zero, mean_over_data
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
@@ -48,7 +48,7 @@ from lmforge.train.mfu import mfu, peak_flops
 from lmforge.train.optim import build_optimizer
 from lmforge.train.precision import PRECISIONS, make_precision
 from lmforge.train.schedule import lr_at
-from lmforge.train.signals import stop_requests
+from lmforge.train.signals import StopRequest, stop_requests
 from lmforge.train.step import train_step
 from lmforge.train.throughput import Throughput
 
@@ -310,7 +310,7 @@ def _train(
             while (total_steps is None or step < total_steps) and (
                 world is not None or elapsed() < budget_s
             ):
-                if stop:
+                if stop if world is None else _agreed_stop(stop, step, cfg.log_every, device):
                     raise KeyboardInterrupt
                 t0 = time.perf_counter()
                 lr = lr_at(step, cfg.lr, min_lr, cfg.warmup_steps, total_steps or 10**9)
@@ -429,6 +429,19 @@ def _train(
 
 def _quiet(*args: object, **kwargs: object) -> None:
     pass
+
+
+def _agreed_stop(stop: StopRequest, step: int, every: int, device: torch.device) -> bool:
+    """Whether to stop before `step`, agreed by all ranks every `every` steps (at log steps, so
+    the hot loop gains no host sync), so that they all stop at the same step.
+
+    A signal may reach one rank only, or reach the ranks while they are at different steps:
+    a rank stopping on its own would leave the others waiting in the next step's collectives.
+    """
+    if step % every or not any_rank(bool(stop), device):
+        return False
+    stop.signal = stop.signal or "another rank's stop request"
+    return True
 
 
 def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> str:

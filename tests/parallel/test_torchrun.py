@@ -2,8 +2,11 @@
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 from lmforge.train.checkpoint import list_checkpoints
 from lmforge.train.metrics import read_metrics
@@ -48,3 +51,38 @@ def test_train_under_torchrun(launcher, tmp_path):
     final = list_checkpoints(out / "checkpoints")[-1]
     assert (final / "dcp" / ".metadata").is_file() and (final / "model.safetensors").is_file()
     assert json.loads((final / "config.json").read_text())["run"]["train"]["parallel"] == "fsdp=2"
+
+
+def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(launcher, tmp_path):
+    """SIGTERM reaching rank 1 only: both ranks agree at a log step, checkpoint and exit 0,
+    instead of rank 0 waiting in the next step's collectives until the timeout."""
+    out = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "lmforge", "train", "--preset", "tiny"]
+    command += ["--data", str(launcher.shard_dir), "--max-steps", "1000", "--parallel", "dp=2"]
+    command += ["--out", str(out), "--set", "train.log_every=2", "--set", "train.eval_every=0"]
+    command += ["--set", "train.eval_batches=1", "--set", "train.collective_timeout_s=60"]
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        env.update(LMFORGE_PROGRESS="0")
+        ranks.append(
+            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        )
+    deadline = time.monotonic() + 180
+    while not (out / "metrics.jsonl").is_file() or not any(
+        r.get("step", 0) >= 4 for r in read_metrics(out / "metrics.jsonl")
+    ):
+        assert time.monotonic() < deadline and ranks[0].poll() is None, "the run did not start"
+        time.sleep(0.2)
+    ranks[1].send_signal(signal.SIGTERM)
+    outputs = [r.communicate(timeout=120)[0].decode() for r in ranks]
+    assert [r.returncode for r in ranks] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert "another rank's stop request received at step" in outputs[0]
+    stopped = int(outputs[0].split("stop request received at step ")[1].split(":")[0])
+    assert stopped % 2 == 0 and 4 <= stopped < 1000
+    final = list_checkpoints(out / "checkpoints")[-1]
+    assert final.name == f"step_{stopped}"
