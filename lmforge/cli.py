@@ -571,9 +571,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from lmforge.model.hf import export_checkpoint
+    from lmforge.model.hf import export_hf
+    from lmforge.train.checkpoint import load_checkpoint
 
-    print(f"exported {export_checkpoint(args.checkpoint, args.out)} ({args.format})")
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    print(f"exported {export_hf(model, tokenizer, args.out)} ({args.format})")
     return 0
 
 

@@ -319,15 +319,6 @@ def export_hf(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path) -> 
     return _write_folder(Path(out_dir), write)
 
 
-def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
-    """Export a checkpoint (or a run folder's newest) as a Hugging Face folder."""
-    from lmforge.train.checkpoint import load_checkpoint
-
-    _check_new(Path(out_dir))
-    model, tokenizer = load_checkpoint(checkpoint_dir)
-    return export_hf(model, tokenizer, out_dir)
-
-
 def import_hf(path: str | Path) -> tuple[Transformer, Tokenizer]:
     """The model (float32, eval mode) and tokenizer of a Hugging Face Llama folder."""
     folder = Path(path)
