@@ -1,8 +1,10 @@
 import math
 
 import torch
+import torch.nn.functional as F
 
 from lmforge.model import Attention, ModelConfig, RotaryEmbedding, Transformer, apply_rope
+from lmforge.model.attention import causal_attention
 
 
 def manual_attention(attn: Attention, rope: RotaryEmbedding, x: torch.Tensor) -> torch.Tensor:
@@ -58,3 +60,26 @@ def test_changing_a_future_token_never_changes_earlier_logits():
         a, b = model(ids), model(changed)
     torch.testing.assert_close(a[:, :8], b[:, :8])
     assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_one_bf16_query_matches_fp32_sdpa_with_gqa_and_per_row_positions():
+    """bf16 decode on a CPU takes the two-matmul path; it must agree with SDPA in fp32."""
+    torch.manual_seed(0)
+    q = torch.randn(3, 8, 1, 16)
+    k, v = torch.randn(3, 2, 12, 16), torch.randn(3, 2, 12, 16)
+    start = torch.tensor([11, 4, 0])  # each row's position: keys past it are masked out
+    want = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q[i : i + 1], k[i : i + 1, :, : p + 1], v[i : i + 1, :, : p + 1], enable_gqa=True
+            )
+            for i, p in enumerate(start.tolist())
+        ]
+    )
+    for positions in (start, 11):  # per row, or one position for all (every key visible)
+        bf16 = [t.to(torch.bfloat16) for t in (q, k, v)]
+        got = causal_attention(*bf16, positions).float()
+        ref = (
+            want if positions is start else F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        )
+        torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
