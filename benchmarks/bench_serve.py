@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -176,7 +177,10 @@ def main() -> None:
         model, tokenizer = load_checkpoint(checkpoint)
         template = ChatTemplate(tokenizer)
         prompts = [template.prompt_ids([Message("user", p)]) for p in PROMPTS]
-        engines = {n: Engine(model, tokenizer, max_batch_size=n) for n in LEVELS}
+        engines = {  # laid out as the server lays out its own copy
+            n: Engine(copy.deepcopy(model), tokenizer, max_batch_size=n, relayout_weights=True)
+            for n in LEVELS
+        }
         port = free_port()
         server = start_server(checkpoint, port)
         try:

@@ -24,8 +24,43 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x of shape (..., T, head_dim) by the angles cos, sin of shape (T, head_dim)."""
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    """Rotate x of shape (..., T, head_dim) by the angles cos, sin of shape (T, head_dim).
+
+    x·cos + rotate_half(x)·sin. Run eagerly, it is computed without building rotate_half(x),
+    and its backward is the rotation by the opposite angles rather than autograd's trace
+    through slices, negation and concatenation; torch.compile gets the formula itself, which
+    it fuses into one kernel each way.
+    """
+    if torch.compiler.is_compiling():
+        return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rotate.apply(x, cos, sin)
+    return _rotate(x, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin, bit for bit, without building rotate_half(x): each half of
+    x·cos takes the other half of x times sin, in place."""
+    half = x.shape[-1] // 2
+    y = x * cos
+    y[..., :half] -= x[..., half:] * sin[..., :half]
+    y[..., half:] += x[..., :half] * sin[..., half:]
+    return y.to(x.dtype)
+
+
+class _Rotate(torch.autograd.Function):
+    """A rotation's gradient is the inverse rotation: the same products with sin negated (the
+    tables repeat each angle in both halves, so rotate_half commutes with the product by sin)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin), None, None
 
 
 class RotaryEmbedding(nn.Module):

@@ -41,3 +41,38 @@ def test_rope_dot_product_depends_only_on_relative_position():
 
 def test_rope_tables_are_not_saved_in_state_dict():
     assert RotaryEmbedding(8, 16).state_dict() == {}
+
+
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The textbook form apply_rope must equal: x·cos + rotate_half(x)·sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+def test_rope_equals_rotate_half_form_bit_for_bit():
+    cos, sin = RotaryEmbedding(head_dim=16, max_seq_len=32)(0, 32)
+    x = torch.randn(2, 32, 3, 16).transpose(1, 2)  # heads transposed, as attention passes them
+    assert torch.equal(apply_rope(x, cos, sin), rotate_half_rope(x, cos, sin))
+    xb = x.bfloat16()  # bf16 activations with fp32 tables, as under autocast
+    assert torch.equal(apply_rope(xb, cos, sin), rotate_half_rope(xb, cos, sin))
+
+
+def test_rope_gradient_matches_autograd_of_rotate_half_form():
+    cos, sin = (t.double() for t in RotaryEmbedding(head_dim=16, max_seq_len=32)(0, 32))
+    x = torch.randn(2, 3, 32, 16, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 3, 32, 16, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(apply_rope(x, cos, sin), x, grad)
+    (expected,) = torch.autograd.grad(rotate_half_rope(x, cos, sin), x, grad)
+    torch.testing.assert_close(ours, expected, atol=1e-12, rtol=0)
+
+
+def test_compiled_rope_matches_eager_forward_and_backward():
+    cos, sin = RotaryEmbedding(head_dim=8, max_seq_len=4)(0, 4)
+    x = torch.randn(2, 3, 4, 8, requires_grad=True)
+    grad = torch.randn(2, 3, 4, 8)
+    eager = apply_rope(x, cos, sin)
+    (eager_grad,) = torch.autograd.grad(eager, x, grad)
+    compiled = torch.compile(apply_rope, fullgraph=True)(x, cos, sin)
+    (compiled_grad,) = torch.autograd.grad(compiled, x, grad)
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(compiled_grad, eager_grad)
