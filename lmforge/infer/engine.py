@@ -252,8 +252,8 @@ class Engine:
     them admitted requests may reserve together (prompt + max_tokens each).
 
     `relayout_weights` re-lays the model's Linear weights, in place, for the CPU kernel that
-    decodes `max_batch_size` rows fastest (see lmforge.infer.weights): 1.3x faster batch-1
-    decode, 1.4-1.7x faster batched or bf16 decode. Ask for it only when the engine owns the
+    decodes `max_batch_size` rows fastest (see lmforge.infer.weights): batch-1 and batched,
+    fp32 and bf16 decode steps get 1.2-1.5x faster. Ask for it only when the engine owns the
     model (serving): afterwards the model can no longer be trained or saved.
     """
 

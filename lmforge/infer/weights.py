@@ -6,11 +6,12 @@ the matrix kernel on that matrix's layout, and nn.Linear's row-major (out, in) l
 the best one on a CPU (one thread, measured in benchmarks/bench_infer.py):
 
 - batch 1 in fp32 is a chain of matrix-vector products bound by memory bandwidth; MKL streams
-  a weight stored column-major (as the transpose of a contiguous (in, out) matrix) about 1.3x
-  faster than a row-major one, and faster than oneDNN's packed format;
+  a weight stored column-major (as the transpose of a contiguous (in, out) matrix) up to 2x
+  faster than a row-major one (a whole decode step: 1.2-1.3x), and faster than oneDNN's
+  packed format;
 - batched decode, and bf16 at any batch, are bound by the kernel rather than by memory; oneDNN's
-  matmul over a weight prepacked into its blocked format for the expected batch runs 1.4-1.7x
-  faster than MKL over the plain layout.
+  matmul over a weight prepacked into its blocked format for the expected batch makes a decode
+  step 1.2-1.5x faster than MKL over the plain layout.
 
 `lay_out_for_decode` picks one of these per model; GPUs keep the plain layout. Values are
 unchanged in both, so tokens are the same as before up to float summation order.
