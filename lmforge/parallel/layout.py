@@ -22,9 +22,9 @@ DIMS = ("dp", "fsdp", "tp")
 
 @dataclass(frozen=True)
 class Layout:
-    dp: int = 1
-    fsdp: int = 1
-    tp: int = 1
+    dp: int = 1  # replicas (DDP, or the replicate dimension of HSDP)
+    fsdp: int = 1  # shards of parameters, gradients and optimizer state (ZeRO-3)
+    tp: int = 1  # tensor-parallel degree
 
     @property
     def world_size(self) -> int:

@@ -1,4 +1,6 @@
-"""The parallel layout: data-parallel, fully-sharded and tensor-parallel degrees on a mesh.
+"""The parallel layout as the planner sees it: training's Layout (lmforge.parallel.layout:
+dp, fsdp and tp degrees) plus the ZeRO stage of the dp dimension and sequence parallelism,
+which training sets through its own options.
 
 Mesh dimensions are laid out innermost first, tp → fsdp → dp, as torchtitan does: tensor
 parallelism, the most talkative, stays inside a node when it fits. A dimension crosses nodes
@@ -11,13 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
+from lmforge.parallel.layout import Layout as MeshLayout
 
 
 @dataclass(frozen=True)
-class Layout:
-    dp: int = 1  # replicas (DDP, or the replicate dimension of HSDP)
-    fsdp: int = 1  # shards of parameters, gradients and optimizer state (ZeRO-3)
-    tp: int = 1  # tensor-parallel degree
+class Layout(MeshLayout):
     zero: int = 0  # ZeRO stage of the dp dimension: 0 DDP, 1 optimizer, 2 + gradients, 3 all
     sp: bool = False  # sequence parallel across the tp dimension
 
@@ -27,14 +27,6 @@ class Layout:
                 raise LmforgeError(f"--parallel {name}={getattr(self, name)}: use 1 or more")
         if self.zero not in (0, 1, 2, 3):
             raise LmforgeError(f"--parallel zero={self.zero}: choose a ZeRO stage 0, 1, 2 or 3")
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.fsdp * self.tp
-
-    @property
-    def data_parallel(self) -> int:
-        return self.dp * self.fsdp
 
     def normalized(self) -> Layout:
         """ZeRO-3 on the dp dimension is FSDP: fold it in."""

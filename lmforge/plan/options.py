@@ -39,9 +39,9 @@ def parse_layout(text: str | None, gpus: int, sequence_parallel: bool = False) -
         values[key] = int(raw)
     sp = bool(values.pop("sp", sequence_parallel))
     layout = Layout(**values, sp=sp)
-    if layout.world != gpus:
+    if layout.world_size != gpus:
         raise LmforgeError(
-            f"--parallel {text} uses dp·fsdp·tp = {layout.world} GPUs but --gpus is {gpus}: "
+            f"--parallel {text} uses dp·fsdp·tp = {layout.world_size} GPUs but --gpus is {gpus}: "
             "make the product equal --gpus"
         )
     return layout
