@@ -41,7 +41,13 @@ def test_a_file_of_prompts_gives_one_json_line_each_in_order(checkpoint, tmp_pat
     assert all(r["finish_reason"] in ("length", "stop") for r in records)
     assert all(lp <= 0 for r in records for lp in r["logprobs"])
     again = generate(capsys, checkpoint, "--prompts-file", tmp_path / "p.jsonl", *args)
-    assert again == text  # JSON lines read the same; seeds make it reproducible
+    # JSON lines read the same, and seeds make the tokens reproducible. Log-probabilities agree
+    # to float rounding only: which requests share a decode step varies with timing, and the
+    # packed-weight kernels sum in an order that depends on the number of rows.
+    rerun = [json.loads(line) for line in again.splitlines()]
+    for got, want in zip(rerun, records, strict=True):
+        assert got["logprobs"] == pytest.approx(want.pop("logprobs"), rel=1e-5)
+        assert got | {"logprobs": None} == want | {"logprobs": None}
 
 
 def test_one_prompt_streams_its_continuation(checkpoint, capsys):
