@@ -13,15 +13,15 @@ scheduler thread's), so other load on a shared machine does not count against ei
 - the matrix-vector floor: the bytes of weights a decode step reads (everything but the
   embedding table) over this machine's matrix-vector bandwidth in that dtype. Two floors: at
   the bandwidth of F.linear over about 440 MB of weights as nn.Linear stores them (row-major),
-  the issue's definition; and at the best of the row-major, column-major and oneDNN-packed
-  layouts' bandwidths (fp32: column-major, which streams at about this core's full read
-  bandwidth), the hardware's.
+  the issue's definition; and at the best of the row-major, column-major, oneDNN-packed and
+  compiled streamed layouts' bandwidths (lmforge.infer.weights), the hardware's.
 
 Models: small (vocab 8192, d_model 256, 4 layers) and large (vocab 32000, d_model 768, 12
 layers), in fp32 and bf16. lmforge runs eager, with its compiled decode step, and compiled
 with its weights re-laid for the batch size (`relayout_weights=True`, as `lmforge serve`,
 `chat` and `generate` run): batch 1 then runs in a one-slot engine (as `lmforge chat` and
-single-prompt `generate`), batch 8 in an eight-slot one (as `lmforge serve`).
+single-prompt `generate --compile`: the streamed layout), batch 8 in an eight-slot one (as
+`lmforge serve`: oneDNN-packed weights).
 Writes benchmarks/results/infer.json.
 
     python benchmarks/bench_infer.py [--reps 3] [--only small] [--dtypes fp32,bf16]
@@ -43,7 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from lmforge.infer.engine import Engine, SamplingParams
-from lmforge.infer.weights import PackedLinear
+from lmforge.infer.weights import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import hf_config, to_hf_state_dict
 from lmforge.model.layers import Linear
@@ -113,14 +113,15 @@ def rates(times: list[float], batch: int, prompt_len: int) -> tuple[float, float
     return prefill, decode
 
 
-LAYOUTS = ("row_major", "column_major", "packed")
+LAYOUTS = ("row_major", "column_major", "packed", "streamed")
 
 
 def matvec_bandwidth(
     dtype: torch.dtype, layout: str, n_bytes: int = 440_000_000, reps: int = 5
 ) -> float:
     """Bytes/s of y = W x over a weight matrix of about n_bytes (well past the caches), with W
-    stored row-major (nn.Linear's layout), column-major or packed by oneDNN for one row."""
+    stored row-major (nn.Linear's layout), column-major, packed by oneDNN for one row, or
+    row-major and compiled as a multiply and a sum (StreamedLinear)."""
     d = 768
     w = torch.randn(n_bytes // (d * 4), d).to(dtype)
     n_read = w.numel() * w.element_size()
@@ -130,6 +131,8 @@ def matvec_bandwidth(
         linear.weight.data = w.t().contiguous().t()
     elif layout == "packed":
         linear = PackedLinear(linear, batch_size=1)
+    elif layout == "streamed":
+        linear = torch.compile(StreamedLinear(linear), dynamic=False)
     x = torch.randn(1, d).to(dtype)
     times = []
     with torch.inference_mode():

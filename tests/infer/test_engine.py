@@ -10,7 +10,7 @@ from lmforge.infer import generate
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties
-from lmforge.infer.weights import PackedLinear
+from lmforge.infer.weights import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
 
 EOT = 256
@@ -299,6 +299,8 @@ def test_closed_engine_refuses_requests(model):
     ("slots", "dtype", "compile", "layout"),
     [
         (1, torch.float32, False, "column-major"),
+        (1, torch.float32, True, "streamed"),
+        (2, torch.bfloat16, True, "streamed"),
         (4, torch.float32, False, "packed"),
         (4, torch.float32, True, "packed"),
         (4, torch.bfloat16, False, "packed"),
@@ -323,5 +325,7 @@ def test_relaid_weights_give_the_same_tokens(model, slots, dtype, compile, layou
         weight = relaid.layers[0].attn.q_proj.weight
         assert weight.stride() == (1, weight.shape[0])  # (out, in) stored as a contiguous (in, out)
         assert torch.equal(weight, model.layers[0].attn.q_proj.weight)
+    elif layout == "streamed":
+        assert isinstance(relaid.layers[0].attn.q_proj, StreamedLinear)
     else:
         assert isinstance(relaid.layers[0].attn.q_proj, PackedLinear)

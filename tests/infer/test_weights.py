@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from lmforge.infer.weights import PackedLinear, decode_layout, lay_out_for_decode
+from lmforge.infer.weights import (
+    PackedLinear,
+    StreamedLinear,
+    decode_layout,
+    lay_out_for_decode,
+)
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.layers import Linear
 
@@ -21,11 +26,31 @@ def test_packed_linear_matches_linear_eager_and_compiled(dtype):
         assert packed(x[:1, :1]).shape == (1, 1, 80)  # any number of rows, not just the hint
 
 
-def test_decode_layout_by_batch_dtype_and_device():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_linear_matches_linear_eager_and_compiled(dtype):
+    torch.manual_seed(0)
+    linear = Linear(48, 80).to(dtype)
+    streamed = StreamedLinear(linear)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    compiled = torch.compile(streamed, fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        for shape in [(1, 1, 48), (2, 1, 48), (3, 5, 48)]:  # streamed, streamed, F.linear
+            x = torch.randn(shape, dtype=dtype)
+            want = linear(x)
+            assert torch.equal(streamed(x), want)  # eager is F.linear itself
+            torch.testing.assert_close(compiled(x), want, **tol)
+    assert streamed.weight is linear.weight  # shared, so the model saves as before
+
+
+def test_decode_layout_by_batch_dtype_device_and_compile():
     fp32, bf16 = torch.empty(4, 4), torch.empty(4, 4, dtype=torch.bfloat16)
     assert decode_layout(fp32, 1) == "column-major"
     assert decode_layout(fp32, 8) == "packed"
     assert decode_layout(bf16, 1) == "packed"
+    assert decode_layout(fp32, 1, compiled=True) == "streamed"
+    assert decode_layout(bf16, 2, compiled=True) == "streamed"
+    assert decode_layout(fp32, 4, compiled=True) == "packed"
+    assert decode_layout(torch.empty(4, 4, device="meta"), 1, compiled=True) == "row-major"
     assert decode_layout(torch.empty(4, 4, dtype=torch.float16), 8) == "row-major"
     assert decode_layout(torch.empty(4, 4, device="meta"), 1) == "row-major"
 
@@ -41,3 +66,14 @@ def test_lay_out_for_decode_replaces_every_linear_and_keeps_the_logits():
         assert sum(isinstance(m, PackedLinear) for m in model.modules()) == n_linear
         assert not any(isinstance(m, Linear) for m in model.modules())
         torch.testing.assert_close(model(ids), want, atol=1e-5, rtol=1e-5)
+
+
+def test_streamed_layout_keeps_the_state_dict():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4)).eval()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    assert lay_out_for_decode(model, 1, compiled=True) == "streamed"
+    assert not any(isinstance(m, Linear) for m in model.modules())
+    got = model.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
