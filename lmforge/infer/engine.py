@@ -252,9 +252,9 @@ class Engine:
     them admitted requests may reserve together (prompt + max_tokens each).
 
     `relayout_weights` re-lays the model's Linear weights, in place, for the CPU kernel that
-    decodes `max_batch_size` rows fastest, compiled or not (see lmforge.infer.weights):
-    batch-1 and batched, fp32 and bf16 decode steps get 1.2-1.6x faster. Ask for it only when the engine owns the
-    model (serving): afterwards the model can no longer be trained or saved.
+    decodes `max_batch_size` rows fastest, compiled or not (see lmforge.infer.weights): batch-1
+    and batched, fp32 and bf16 decode steps get 1.2-1.6x faster. Ask for it only when the
+    engine owns the model (serving): afterwards the model can no longer be trained or saved.
     """
 
     def __init__(
