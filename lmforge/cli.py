@@ -238,6 +238,12 @@ def _serve_commands(commands) -> None:
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
     p.add_argument("--seed", type=int, help="random seed for reproducible replies")
     p.add_argument("--system", help="a system message that starts the conversation")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode step: faster replies, a few seconds' compile each time "
+        "the conversation reaches a new eighth of the context",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.set_defaults(func=cmd_chat)
 
@@ -566,7 +572,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
-    run_chat(args.checkpoint, params, args.system, args.device)
+    run_chat(args.checkpoint, params, args.system, args.device, compile=args.compile)
     return 0
 
 

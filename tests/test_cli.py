@@ -83,6 +83,7 @@ SURFACE = {
         "--top-p",
         "--seed",
         "--system",
+        "--compile",
         "--device",
     },
     "data run": {

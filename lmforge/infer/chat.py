@@ -103,12 +103,15 @@ def run_chat(
     params: SamplingParams,
     system: str | None = None,
     device: str = "cpu",
+    *,
+    compile: bool = False,
 ) -> None:
     """`lmforge chat`: load a checkpoint and talk to it on stdin/stdout."""
     from lmforge.train.checkpoint import load_checkpoint
 
     model, tokenizer = load_checkpoint(checkpoint, device)
-    with Engine(model, tokenizer, max_batch_size=1, relayout_weights=True) as engine:
+    engine = Engine(model, tokenizer, max_batch_size=1, compile=compile, relayout_weights=True)
+    with engine:
         template = ChatTemplate(tokenizer)
         print(
             f"chatting with {checkpoint} ({template.name} template, "
