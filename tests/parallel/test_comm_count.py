@@ -198,6 +198,7 @@ def _worker(out: Path) -> None:
         "dtensor": _dtensor(mesh),
     }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
+    dist.barrier()  # as lmforge.parallel.world: no rank tears down while another works
     dist.destroy_process_group()
 
 

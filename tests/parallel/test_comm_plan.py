@@ -103,6 +103,7 @@ def _worker(out: Path) -> None:
     dist.init_process_group("gloo")
     record = {name: _one_step(case) for name, case in CASES.items()}
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
+    dist.barrier()  # as lmforge.parallel.world: no rank tears down while another works
     dist.destroy_process_group()
 
 
