@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 
 from lmforge.infer.weights import (
     PackedLinear,
@@ -34,11 +35,13 @@ def test_streamed_linear_matches_linear_eager_and_compiled(dtype):
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     compiled = torch.compile(streamed, fullgraph=True, dynamic=False)
     with torch.inference_mode():
-        for shape in [(1, 1, 48), (2, 1, 48), (3, 5, 48)]:  # streamed, streamed, F.linear
+        for shape, streams in [((1, 1, 48), True), ((2, 1, 48), True), ((3, 5, 48), False)]:
             x = torch.randn(shape, dtype=dtype)
             want = linear(x)
             assert torch.equal(streamed(x), want)  # eager is F.linear itself
-            torch.testing.assert_close(compiled(x), want, **tol)
+            got, code = run_and_get_code(compiled, x)
+            torch.testing.assert_close(got, want, **tol)
+            assert ("extern_kernels.mm" in "".join(code)) != streams  # Inductor's own loop
     assert streamed.weight is linear.weight  # shared, so the model saves as before
 
 
