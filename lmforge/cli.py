@@ -241,9 +241,8 @@ def _serve_commands(commands) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the decode step: faster replies, after a compile (about 10 s for "
-        "the speedrun's model on a CPU) each time the conversation reaches a new eighth of "
-        "the context",
+        help="torch.compile the decode step: faster replies, after a compile before the first "
+        "(about 10 s for the speedrun's model on a CPU)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.set_defaults(func=cmd_chat)

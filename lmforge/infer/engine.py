@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import random
 import threading
 from collections import deque
@@ -31,8 +30,6 @@ from lmforge.infer.weights import lay_out_for_decode
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
-
-KV_BUCKETS = 8  # a compiled decode step attends over a multiple of max_seq_len / 8 keys
 
 
 @dataclass
@@ -286,8 +283,6 @@ class Engine:
         self.vocab_size = model.config.vocab_size
         self._specials = frozenset(getattr(tokenizer, "special_tokens", {}).values())
         self.cache = SlotKVCache(model, max_batch_size)
-        # Attention reads keys up to the longest slot, rounded up to a bucket when compiled.
-        self._bucket = math.ceil(self.max_context / KV_BUCKETS) if compile else 1
 
         n, v, dev = max_batch_size, self.vocab_size, self.device
         self._tokens = torch.zeros(n, 1, dtype=torch.long, device=dev)  # each slot's next input
@@ -472,8 +467,9 @@ class Engine:
         self._retire(finished)
 
     def _compiled(self) -> Any:
-        """The decode step compiled, once per (rows, kv_len) bucket: up to 8 × log2(slots)+1."""
-        shapes = KV_BUCKETS * (self.max_batch_size.bit_length() + 1)
+        """The decode step compiled once per row count (1, 2, 4, ... slots); the number of keys
+        attended is symbolic (SlotKVCache.use), so a growing context does not recompile."""
+        shapes = self.max_batch_size.bit_length() + 1
         # isolate_recompiles: this engine's variants count against its own limit, not those of
         # every engine's step (one code object).
         return torch.compile(
@@ -487,8 +483,7 @@ class Engine:
     def _decode(self) -> None:
         batch = self._batch
         assert batch is not None
-        longest = max(r.position for r in batch.requests) + 1
-        kv_len = min(self.max_context, -(-longest // self._bucket) * self._bucket)
+        kv_len = max(r.position for r in batch.requests) + 1
         last_slot = max(r.slot for r in batch.requests)
         n_rows = min(self.max_batch_size, 1 << last_slot.bit_length())  # 1, 2, 4, 8, ...
         self.cache.use(n_rows, kv_len)

@@ -101,9 +101,8 @@ class SlotKVCache:
     A decode step runs the first `n_rows` slots at once (the engine fills the lowest free slot
     first, so active requests sit at the front): row b writes its new key and value at
     `positions[b]` and attends to its own keys 0 .. positions[b]. Attention reads the first
-    `kv_len` positions only. The engine picks both from a few buckets (`use`), so a compiled
-    step sees few shapes. Prefill writes a prompt into one slot through `slot(i)`, an ordinary
-    `KVCache` over that slot.
+    `kv_len` positions only, the longest row's (`use`). Prefill writes a prompt into one slot
+    through `slot(i)`, an ordinary `KVCache` over that slot.
     """
 
     def __init__(self, model: Transformer, n_slots: int, max_seq_len: int | None = None) -> None:
@@ -117,17 +116,23 @@ class SlotKVCache:
         self.v = [torch.zeros_like(self.k[0]) for _ in range(c.n_layers)]
         self.positions = torch.zeros(n_slots, dtype=torch.long, device=weight.device)
         self._rows = torch.arange(n_slots, device=weight.device)
+        self._key_positions = torch.arange(self.max_seq_len, device=weight.device)
         self.batch_size = self.kv_len = 0
         self.use(n_slots, self.max_seq_len)
 
     def use(self, n_rows: int, kv_len: int) -> None:
         """Decode the first n_rows slots next, attending over their first kv_len positions."""
-        if (n_rows, kv_len) == (self.batch_size, self.kv_len):
-            return
-        self.batch_size, self.kv_len = n_rows, kv_len
-        self.rows, self.pos = self._rows[:n_rows], self.positions[:n_rows]
-        self._k = [k[:n_rows] for k in self.k]
-        self._v = [v[:n_rows] for v in self.v]
+        if n_rows != self.batch_size:
+            self.batch_size = n_rows
+            self.rows, self.pos = self._rows[:n_rows], self.positions[:n_rows]
+            self._k = [k[:n_rows] for k in self.k]
+            self._v = [v[:n_rows] for v in self.v]
+        if kv_len != self.kv_len:
+            self.kv_len = kv_len
+            # A compiled step reads the length from this tensor's size, which torch.compile
+            # keeps symbolic: one compiled step serves every length.
+            self.key_positions = self._key_positions[:kv_len]
+            torch._dynamo.maybe_mark_dynamic(self.key_positions, 0)
 
     def slot(self, i: int, pos: int = 0) -> KVCache:
         """Slot i alone as a batch-of-one cache whose next token goes to position `pos`."""
@@ -149,7 +154,8 @@ class SlotKVCache:
         keys, values = self._k[layer], self._v[layer]
         keys[self.rows, :, self.pos] = k[:, :, 0]
         values[self.rows, :, self.pos] = v[:, :, 0]
-        return keys[:, :, : self.kv_len], values[:, :, : self.kv_len]
+        kv_len = self.key_positions.shape[0]
+        return keys[:, :, :kv_len], values[:, :, :kv_len]
 
     def advance(self, n: int) -> None:
         """Positions belong to the engine, which moves each slot on its own."""

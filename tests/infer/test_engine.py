@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from lmforge.errors import LmforgeError
 from lmforge.infer import generate
@@ -258,13 +259,17 @@ def test_async_iteration_yields_the_same_events(model):
     assert all(events[-1].finish_reason == "length" for events in streamed)
 
 
-def test_compiled_decode_step_gives_the_same_tokens(model):
-    params = SamplingParams(max_tokens=5, temperature=0)  # positions 2..6: one kv bucket
+def test_compiled_decode_step_gives_the_same_tokens_compiling_once_per_row_count(model):
+    # Keys attended grow from 3 to 41 and the batch shrinks from 2 rows to 1.
+    params = [SamplingParams(max_tokens=40, temperature=0), SamplingParams(max_tokens=8, seed=3)]
+    prompts = [[1, 2], [3, 4, 5, 6]]
     with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
-        eager = engine.generate([[1, 2], [3, 4]], params)
+        eager = engine.generate(prompts, params)
+    counters.clear()
     with Engine(model, ByteTokenizer(), max_batch_size=2, compile=True) as engine:
-        compiled = engine.generate([[1, 2], [3, 4]], params)
+        compiled = engine.generate(prompts, params)
     assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]
+    assert counters["stats"]["unique_graphs"] == 2  # not one per context length
 
 
 @pytest.mark.parametrize(
