@@ -250,7 +250,7 @@ class Engine:
 
     `relayout_weights` re-lays the model's Linear weights, in place, for the CPU kernel that
     decodes `max_batch_size` rows fastest, compiled or not (see lmforge.infer.weights): batch-1
-    and batched, fp32 and bf16 decode steps get 1.2-1.6x faster. Ask for it only when the
+    and batched, fp32 and bf16 decode steps get 1.2-1.9x faster. Ask for it only when the
     engine owns the model (serving): afterwards the model can no longer be trained or saved.
     """
 
