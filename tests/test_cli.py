@@ -75,7 +75,15 @@ SURFACE = {
         "--device",
     },
     "eval": {"--checkpoint", "--data", "--max-batches", "--device"},
-    "serve": {"--checkpoint", "--host", "--port", "--max-batch-size", "--model-name", "--device"},
+    "serve": {
+        "--checkpoint",
+        "--host",
+        "--port",
+        "--max-batch-size",
+        "--model-name",
+        "--compile",
+        "--device",
+    },
     "chat": {
         "--checkpoint",
         "--max-tokens",

@@ -491,6 +491,8 @@ def serve(
     max_batch_size: int = 8,
     model_name: str | None = None,
     device: str = "cpu",
+    *,
+    compile: bool = False,
 ) -> None:
     """`lmforge serve`: load a checkpoint and serve it until Ctrl-C."""
     import uvicorn
@@ -499,7 +501,10 @@ def serve(
 
     model, tokenizer = load_checkpoint(checkpoint, device)
     name = model_name or Path(checkpoint).resolve().name
-    with Engine(model, tokenizer, max_batch_size=max_batch_size, relayout_weights=True) as engine:
+    engine = Engine(
+        model, tokenizer, max_batch_size=max_batch_size, compile=compile, relayout_weights=True
+    )
+    with engine:
         app = create_app(engine, tokenizer, name)
         print(f"serving {name!r} on http://{host}:{port} (chat page at /, API at /v1)")
         uvicorn.run(app, host=host, port=port, log_level="warning")
