@@ -60,6 +60,18 @@ def stdlib_documents(stats: ReadStats | None = None) -> Iterator[Document]:
             yield _counted(Document(f"stdlib/{rel}", text, {"source": f"python{version}"}), stats)
 
 
+def source_name(root: Path, file: Path) -> str:
+    """How document ids name `file`, read from the input `root` (a folder or the file itself).
+
+    The folder's own name and the path within it, or a lone file's name: not the path as typed,
+    so ids, and the validation split hashed from them, do not change with where the corpus
+    lives or how its path is spelled.
+    """
+    if file == root:
+        return file.name
+    return f"{root.resolve().name}/{file.relative_to(root).as_posix()}"
+
+
 def read_documents(path: str | Path, stats: ReadStats | None = None) -> Iterator[Document]:
     """Documents from a .txt, JSONL (`text` field) or WebDataset .tar file, or a folder of them."""
     root = Path(path)
@@ -75,9 +87,9 @@ def read_documents(path: str | Path, stats: ReadStats | None = None) -> Iterator
             for doc_id, text, meta in tar_documents(file, stats):
                 yield _counted(Document(doc_id, text, meta), stats)
         elif file.suffix == ".jsonl":
-            yield from _jsonl_documents(file, stats)
+            yield from _jsonl_documents(file, source_name(root, file), stats)
         else:
-            yield from _txt_documents(file, stats)
+            yield from _txt_documents(file, source_name(root, file), stats)
 
 
 def _data_files(folder: Path) -> Iterable[Path]:
@@ -108,7 +120,7 @@ def _counted(doc: Document, stats: ReadStats | None) -> Document:
     return doc
 
 
-def _txt_documents(path: Path, stats: ReadStats | None) -> Iterator[Document]:
+def _txt_documents(path: Path, name: str, stats: ReadStats | None) -> Iterator[Document]:
     text = _read_utf8(path, stats)
     if not text:
         return
@@ -119,13 +131,13 @@ def _txt_documents(path: Path, stats: ReadStats | None) -> Iterator[Document]:
         chunk.append(line)
         size += len(line)
         if size >= TXT_CHUNK_BYTES:
-            yield _counted(Document(f"{path}#{index}", "".join(chunk)), stats)
+            yield _counted(Document(f"{name}#{index}", "".join(chunk)), stats)
             chunk, size, index = [], 0, index + 1
     if chunk:
-        yield _counted(Document(f"{path}#{index}", "".join(chunk)), stats)
+        yield _counted(Document(f"{name}#{index}", "".join(chunk)), stats)
 
 
-def _jsonl_documents(path: Path, stats: ReadStats | None) -> Iterator[Document]:
+def _jsonl_documents(path: Path, name: str, stats: ReadStats | None) -> Iterator[Document]:
     text = _read_utf8(path, stats)
     if text is None:
         return
@@ -140,5 +152,5 @@ def _jsonl_documents(path: Path, stats: ReadStats | None) -> Iterator[Document]:
                 f"{path}:{number} is not a JSON object with a 'text' field: fix or remove that line"
             ) from e
         if isinstance(body, str) and body:
-            doc_id = str(obj.get("id", f"{path}:{number}"))
+            doc_id = str(obj.get("id", f"{name}:{number}"))
             yield _counted(Document(doc_id, body, obj.get("meta", {})), stats)

@@ -55,7 +55,7 @@ def _text(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
     if not text:
         return
     if not cfg.txt_chunk_bytes:
-        yield Document(unit.path, text, {"format": "text"})
+        yield Document(unit.doc_id, text, {"format": "text"})
         return
     chunk: list[str] = []
     size = index = 0
@@ -63,17 +63,17 @@ def _text(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
         chunk.append(line)
         size += len(line)
         if size >= cfg.txt_chunk_bytes:
-            yield Document(f"{unit.path}#{index}", "".join(chunk))
+            yield Document(f"{unit.doc_id}#{index}", "".join(chunk))
             chunk, size, index = [], 0, index + 1
     if chunk:
-        yield Document(f"{unit.path}#{index}", "".join(chunk))
+        yield Document(f"{unit.doc_id}#{index}", "".join(chunk))
 
 
 def _code(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
     text = _decode(read_all(unit.path), unit, stats)
     if text is not None:
         lang = Path(strip_compression(unit.path)).suffix.lstrip(".")
-        yield Document(unit.path, text, {"format": "code", "lang": lang})
+        yield Document(unit.doc_id, text, {"format": "code", "lang": lang})
 
 
 def _stdlib(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
@@ -92,7 +92,7 @@ def _html(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
         stats.remove("binary_file", unit.path)
         return
     html, encoding = decode_html(raw)
-    yield Document(unit.path, html, {"format": "html", "encoding": encoding})
+    yield Document(unit.doc_id, html, {"format": "html", "encoding": encoding})
 
 
 def _record(obj: dict, default_id: str, cfg: ReadConfig) -> Document | None:
@@ -120,7 +120,7 @@ def _jsonl(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
         except ValueError:
             stats.remove("bad_json", where, line[:200].decode("utf-8", "replace"))
             continue
-        doc = _record(obj, where, cfg) if isinstance(obj, dict) else None
+        doc = _record(obj, f"{unit.doc_id}:{number}", cfg) if isinstance(obj, dict) else None
         if doc is None:
             stats.remove("no_text_field", where, line[:200].decode("utf-8", "replace"))
             continue
@@ -137,7 +137,7 @@ def _parquet(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document
     for batch in file.iter_batches(batch_size=1024):
         for obj in batch.to_pylist():
             row += 1
-            doc = _record(obj, f"{unit.path}:{row}", cfg)
+            doc = _record(obj, f"{unit.doc_id}:{row}", cfg)
             if doc is None:
                 stats.remove("no_text_field", f"{unit.path}:{row}")
                 continue

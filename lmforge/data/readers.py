@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmforge.data.documents import TXT_CHUNK_BYTES, Document, stdlib_root
+from lmforge.data.documents import TXT_CHUNK_BYTES, Document, source_name, stdlib_root
 from lmforge.data.stats import StepStats
 from lmforge.data.streams import CorruptFile, TruncatedFile, strip_compression
 from lmforge.errors import LmforgeError
@@ -45,6 +45,11 @@ class Unit:
     kind: str
     path: str
     size: int = 0
+    name: str = ""  # how document ids name it (documents.source_name); "" for the path
+
+    @property
+    def doc_id(self) -> str:
+        return self.name or self.path
 
 
 def file_kind(path: Path) -> str | None:
@@ -83,9 +88,13 @@ def list_units(inputs: list[str]) -> list[Unit]:
             units.append(Unit("hf", spec[3:]))
         elif (path := Path(spec)).is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file())
-            units += [Unit(file_kind(p) or "unsupported", str(p), p.stat().st_size) for p in files]
+            units += [
+                Unit(file_kind(p) or "unsupported", str(p), p.stat().st_size, source_name(path, p))
+                for p in files
+            ]
         elif path.is_file():
-            units.append(Unit(file_kind(path) or "text", str(path), path.stat().st_size))
+            kind = file_kind(path) or "text"
+            units.append(Unit(kind, str(path), path.stat().st_size, source_name(path, path)))
         else:
             raise LmforgeError(
                 f"input {spec} does not exist: pass a file, a folder, stdlib or hf:NAME"

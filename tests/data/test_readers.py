@@ -8,6 +8,7 @@ import json
 import pytest
 import zstandard
 
+from lmforge.data.documents import read_documents
 from lmforge.data.readers import ReadConfig, list_units, plan_shards, read_shard
 from lmforge.data.stats import StepStats
 from lmforge.errors import LmforgeError
@@ -53,13 +54,30 @@ def test_text_code_jsonl_html_and_ids(tmp_path):
     (tmp_path / "e.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     docs, stats = _read(tmp_path)
     by_id = {d.id: d for d in docs}
-    assert by_id[f"{tmp_path}/a.txt#0"].text == "line one\nline two\n"
-    assert by_id[f"{tmp_path}/b.py"].meta == {"format": "code", "lang": "py"}
+    folder = tmp_path.name  # ids name the folder given and the path within it
+    assert by_id[f"{folder}/a.txt#0"].text == "line one\nline two\n"
+    assert by_id[f"{folder}/b.py"].meta == {"format": "code", "lang": "py"}
     assert [by_id[f"d{i}"].text for i in range(3)] == ["document 0", "document 1", "document 2"]
-    assert by_id[f"{tmp_path}/c.jsonl:4"].meta == {"k": 1, "url": "u"}
-    assert by_id[f"{tmp_path}/d.html"].meta["format"] == "html"
+    assert by_id[f"{folder}/c.jsonl:4"].meta == {"k": 1, "url": "u"}
+    assert by_id[f"{folder}/d.html"].meta["format"] == "html"
     assert stats.removed == {"unsupported_file": 1}
     assert stats.docs_out == len(docs) == 7
+
+
+def test_ids_do_not_depend_on_where_the_corpus_lives_or_how_it_is_named(tmp_path, monkeypatch):
+    for place in ("a/corpus", "b/c/corpus"):
+        (tmp_path / place / "sub").mkdir(parents=True)
+        (tmp_path / place / "x.txt").write_text("alpha\n")
+        (tmp_path / place / "sub" / "y.jsonl").write_text(_jsonl(1).replace('"id": "d0", ', ""))
+    monkeypatch.chdir(tmp_path / "b")
+    spellings = [tmp_path / "a" / "corpus", "c/corpus", "c/../c/corpus/"]
+    ids = [sorted(d.id for d in _read(p)[0]) for p in spellings]
+    assert ids[0] == ids[1] == ids[2] == ["corpus/sub/y.jsonl:1", "corpus/x.txt#0"]
+    assert [d.id for d in read_documents(tmp_path / "a" / "corpus")] == [
+        "corpus/sub/y.jsonl:1",
+        "corpus/x.txt#0",
+    ]  # lmforge.data.read_documents (tokenize, eval) names them the same way
+    assert [d.id for d in _read(tmp_path / "a" / "corpus" / "x.txt")[0]] == ["x.txt#0"]
 
 
 def test_compressed_jsonl_and_parquet(tmp_path):

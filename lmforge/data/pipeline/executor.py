@@ -94,7 +94,7 @@ def _shard_plan(layout: Layout, cfg: PipelineConfig) -> list[list]:
         return _read_json(path)
     units = list_units(cfg.input)
     shards = [
-        [[u.kind, u.path, u.size] for u in shard]
+        [[u.kind, u.path, u.size, u.name] for u in shard]
         for shard in plan_shards(units, cfg.read.shard_bytes)
     ]
     write_json(path, shards)
