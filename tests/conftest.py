@@ -29,22 +29,12 @@ def corpus_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prepared(corpus_dir, tmp_path_factory):
-    """The corpus deduplicated, split, tokenized (vocab 320) and sharded.
-
-    The corpus is named by a path relative to its parent: document ids hold the path they were
-    read from, so this gives every session the same validation split (hashed from the ids),
-    hence the same tokenizer, shards and training runs.
-    """
+    """The corpus deduplicated, split, tokenized (vocab 320) and sharded."""
     from lmforge.prepare import DataConfig, TokenizerConfig, prepare_corpus
 
     root = tmp_path_factory.mktemp("prepared")
-    cwd = os.getcwd()
-    os.chdir(corpus_dir.parent)
-    try:
-        return prepare_corpus(
-            DataConfig(path=corpus_dir.name, val_fraction=0.1, workers=1),
-            TokenizerConfig(vocab_size=320),
-            root,
-        )
-    finally:
-        os.chdir(cwd)
+    return prepare_corpus(
+        DataConfig(path=str(corpus_dir), val_fraction=0.1, workers=1),
+        TokenizerConfig(vocab_size=320),
+        root,
+    )
