@@ -1,6 +1,8 @@
 """Heuristic quality rules: Gopher's for prose (Rae et al. 2021) and a profile for source code.
 
-Each check returns the name of the first rule a document breaks, or None. Thresholds live in the
+Each check returns the name of the first rule a document breaks, or None; `*_reasons` yield
+every rule broken, and `quality_score(text, profile)` gives ("ok" or the first rule broken, the
+fraction of the profile's enabled rules passed) for one document. Thresholds live in the
 two config dataclasses; a threshold of 0 switches its rule off. Prose rules count words as
 whitespace-separated tokens, as Gopher does.
 """
@@ -9,9 +11,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 
 import numpy as np
+
+from lmforge.errors import LmforgeError
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 BULLETS = ("•", "●", "○", "■", "□", "▪", "- ", "* ", "– ", "‣")
@@ -55,40 +60,48 @@ class CodeConfig:
 
 
 def gopher_reason(text: str, cfg: GopherConfig) -> str | None:
+    """The first Gopher rule `text` breaks, or None."""
+    return next(gopher_reasons(text, cfg), None)
+
+
+def gopher_reasons(text: str, cfg: GopherConfig) -> Iterator[str]:
+    """Every Gopher rule `text` breaks, in the order the rules are checked (lazily)."""
     words = text.split()
     n = len(words)
     if cfg.min_words and n < cfg.min_words:
-        return "gopher_too_few_words"
+        yield "gopher_too_few_words"
     if cfg.max_words and n > cfg.max_words:
-        return "gopher_too_many_words"
+        yield "gopher_too_many_words"
     mean = sum(map(len, words)) / max(n, 1)
     if cfg.min_mean_word_length and mean < cfg.min_mean_word_length:
-        return "gopher_mean_word_length_low"
+        yield "gopher_mean_word_length_low"
     if cfg.max_mean_word_length and mean > cfg.max_mean_word_length:
-        return "gopher_mean_word_length_high"
+        yield "gopher_mean_word_length_high"
     symbols = text.count("#") + text.count("...") + text.count("…")
     if cfg.max_symbol_word_ratio and symbols / max(n, 1) > cfg.max_symbol_word_ratio:
-        return "gopher_symbol_word_ratio"
+        yield "gopher_symbol_word_ratio"
     lines = [line for line in text.splitlines() if line.strip()]
     if lines and cfg.max_bullet_lines:
         bullets = sum(line.lstrip().startswith(BULLETS) for line in lines)
         if bullets / len(lines) > cfg.max_bullet_lines:
-            return "gopher_bullet_lines"
+            yield "gopher_bullet_lines"
     if lines and cfg.max_ellipsis_lines:
         ellipsis = sum(line.rstrip().endswith(("...", "…")) for line in lines)
         if ellipsis / len(lines) > cfg.max_ellipsis_lines:
-            return "gopher_ellipsis_lines"
+            yield "gopher_ellipsis_lines"
     alpha = sum(any(c.isalpha() for c in word) for word in words)
     if cfg.min_alpha_words and alpha / max(n, 1) < cfg.min_alpha_words:
-        return "gopher_alpha_words"
+        yield "gopher_alpha_words"
     if cfg.min_stop_words:
         stops = sum(word.lower() in STOP_WORDS for word in words)
         if stops < cfg.min_stop_words:
-            return "gopher_stop_words"
-    return _repetition_reason(text, lines, words, cfg)
+            yield "gopher_stop_words"
+    yield from _repetition_reasons(text, lines, words, cfg)
 
 
-def _repetition_reason(text: str, lines: list[str], words: list[str], cfg: GopherConfig):
+def _repetition_reasons(
+    text: str, lines: list[str], words: list[str], cfg: GopherConfig
+) -> Iterator[str]:
     paragraphs = [p for p in _PARAGRAPHS.split(text) if p.strip()]
     for unit, parts, max_frac, max_chars in (
         ("line", lines, cfg.max_dup_lines, cfg.max_dup_line_chars),
@@ -96,20 +109,19 @@ def _repetition_reason(text: str, lines: list[str], words: list[str], cfg: Gophe
     ):
         dup_count, dup_chars = _duplicates(parts)
         if max_frac and parts and dup_count / len(parts) > max_frac:
-            return f"gopher_dup_{unit}s"
+            yield f"gopher_dup_{unit}s"
         if max_chars and dup_chars / max(len(text), 1) > max_chars:
-            return f"gopher_dup_{unit}_chars"
+            yield f"gopher_dup_{unit}_chars"
     total = sum(map(len, words)) or 1
     for n, limit in enumerate(cfg.max_top_ngram_chars, start=2):
         grams = Counter(zip(*(words[i:] for i in range(n)), strict=False))
         if limit and grams:
             gram, count = grams.most_common(1)[0]
             if count > 1 and sum(map(len, gram)) * count / total > limit:
-                return f"gopher_top_{n}gram_chars"
+                yield f"gopher_top_{n}gram_chars"
     for n, limit in enumerate(cfg.max_dup_ngram_chars, start=5):
         if limit and len(words) >= n and _dup_ngram_chars(words, n) / total > limit:
-            return f"gopher_dup_{n}gram_chars"
-    return None
+            yield f"gopher_dup_{n}gram_chars"
 
 
 def _duplicates(parts: list[str]) -> tuple[int, int]:
@@ -136,19 +148,42 @@ def _dup_ngram_chars(words: list[str], n: int) -> int:
 
 
 def code_reason(text: str, cfg: CodeConfig) -> str | None:
+    """The first code rule `text` breaks, or None."""
+    return next(code_reasons(text, cfg), None)
+
+
+def code_reasons(text: str, cfg: CodeConfig) -> Iterator[str]:
+    """Every code rule `text` breaks, in order (lazily)."""
     lines = text.splitlines() or [""]
     lengths = [len(line) for line in lines]
     if cfg.max_line_length and max(lengths) > cfg.max_line_length:
-        return "code_max_line_length"
+        yield "code_max_line_length"
     if cfg.max_mean_line_length and sum(lengths) / len(lines) > cfg.max_mean_line_length:
-        return "code_mean_line_length"
+        yield "code_mean_line_length"
     if cfg.min_alphanum_fraction and alphanum_fraction(text) < cfg.min_alphanum_fraction:
-        return "code_alphanum_fraction"
+        yield "code_alphanum_fraction"
     if cfg.autogen_scan_lines:
         head = "\n".join(lines[: cfg.autogen_scan_lines]).lower()
         if any(marker in head for marker in AUTOGEN_MARKERS):
-            return "code_autogenerated"
-    return None
+            yield "code_autogenerated"
+
+
+def quality_score(
+    text: str,
+    profile: str = "prose",
+    gopher: GopherConfig | None = None,
+    code: CodeConfig | None = None,
+) -> tuple[str, float]:
+    """("ok" or the first rule broken, the fraction of the profile's enabled rules passed)."""
+    if profile not in ("prose", "code"):
+        raise LmforgeError(f"quality profile {profile!r} is unknown: use prose or code")
+    cfg = (code or CodeConfig()) if profile == "code" else (gopher or GopherConfig())
+    broken = list(code_reasons(text, cfg) if profile == "code" else gopher_reasons(text, cfg))
+    rules = sum(
+        sum(map(bool, v)) if isinstance(v, list) else bool(v)
+        for v in (getattr(cfg, f.name) for f in fields(cfg))
+    )
+    return (broken[0] if broken else "ok"), 1.0 - len(broken) / max(rules, 1)
 
 
 def alphanum_fraction(text: str) -> float:

@@ -75,14 +75,14 @@ def test_every_step_runs_and_the_stats_say_what_happened(corpus, tmp_path):
     assert list(by_step) == ["read", *STEPS.split(",")]
     assert by_step["langid"]["removed"] == {"langid_not_en": 1}
     assert by_step["quality"]["removed"] == {"gopher_ellipsis_lines": 1}
-    assert by_step["toxicity"]["removed"] == {"toxicity_word_list": 1}
+    assert by_step["toxicity"]["removed"] == {"toxicity_nsfw": 1}
     assert by_step["pii"]["counters"]["email"] == 8  # the copy is masked before dedup
     assert by_step["exact_dedup"]["removed"] == {"duplicate": 1}
     assert by_step["extract"]["counters"] == {"html_extracted": 1}
     assert stats["documents_in"] == 11 and stats["documents_out"] == 7 and stats["shards"] == 3
     assert json.loads((tmp_path / "out" / "stats.json").read_text()) == stats
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "| langid | 11 | 10 | 1 |" in summary and "toxicity / toxicity_word_list: 1" in summary
+    assert "| langid | 11 | 10 | 1 |" in summary and "toxicity / toxicity_nsfw: 1" in summary
     assert not (tmp_path / "out" / ".work").exists()
 
 
