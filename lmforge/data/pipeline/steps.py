@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from lmforge.data.documents import Document
 from lmforge.data.pipeline.step import Filter, Transform
-from lmforge.data.quality import CodeConfig, GopherConfig, code_reason, gopher_reason
+from lmforge.data.quality import CodeConfig, GopherConfig, quality_score
 
 
 class Extract(Transform):
@@ -88,30 +88,35 @@ class Quality(Filter):
         profile = self.config.profile
         if profile == "auto":
             profile = "code" if doc.meta.get("format") == "code" else "prose"
-        if profile == "code":
-            reason = code_reason(doc.text, self.config.code)
-        else:
-            reason = gopher_reason(doc.text, self.config.gopher)
-        return (False, reason) if reason else True
+        label, score = quality_score(doc.text, profile, self.config.gopher, self.config.code)
+        doc.meta["quality_rules_score"] = round(score, 4)
+        return (False, label) if label != "ok" else True
 
 
 class Toxicity(Filter):
-    """C4's word-list filter plus an optional classifier (lmforge's or a fastText model)."""
+    """NSFW and toxic-language verdicts (`is_nsfw`, `is_toxic`) plus an optional classifier."""
 
     name = "toxicity"
 
     @dataclass
     class Config:
-        word_list: str = ""  # empty: the list shipped with lmforge
+        word_list: str = ""  # the NSFW list; empty: the one shipped with lmforge
+        toxic_word_list: str = ""  # profanity, slurs, insults; empty: the shipped one
+        nsfw: bool = True  # remove sexual content
+        toxic: bool = True  # remove toxic language
         max_word_hits: int = 0  # C4 removes a page with any listed word
         classifier: str = ""  # model path; empty: no classifier
         classifier_label: str = "__label__toxic"  # for fastText models
         classifier_threshold: float = 0.5  # remove when the score is at least this
 
     def setup(self) -> None:
-        from lmforge.data.toxicity import DEFAULT_LIST, WordList
+        from lmforge.data import toxicity
 
-        self.words = WordList.load(self.config.word_list or DEFAULT_LIST)
+        self.toxicity = toxicity
+        load = toxicity.WordList.load
+        self.nsfw_words = load(self.config.word_list) if self.config.word_list else None
+        toxic_list = self.config.toxic_word_list
+        self.toxic_words = load(toxic_list) if toxic_list else None
         self.scorer = None
         if self.config.classifier:
             from lmforge.data.scorer import load_scorer
@@ -119,9 +124,16 @@ class Toxicity(Filter):
             self.scorer = load_scorer(self.config.classifier, self.config.classifier_label)
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
-        hits = self.words.hits(doc.text)
-        if len(hits) > self.config.max_word_hits:
-            return False, "toxicity_word_list"
+        hits = self.config.max_word_hits
+        for kind, on, check, words in (
+            ("nsfw", self.config.nsfw, self.toxicity.is_nsfw, self.nsfw_words),
+            ("toxic", self.config.toxic, self.toxicity.is_toxic, self.toxic_words),
+        ):
+            if on:
+                label, score = check(doc.text, words, hits)
+                doc.meta[f"{kind}_score"] = round(score, 4)
+                if label != "clean":
+                    return False, f"toxicity_{kind}"
         threshold = self.config.classifier_threshold
         if self.scorer is not None and self.scorer(doc.text) >= threshold:
             return False, "toxicity_classifier"
