@@ -45,7 +45,7 @@ from lmforge.data.documents import stdlib_root
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train.compose import compose
 from lmforge.train.guard import NonFiniteGuard
-from lmforge.train.mfu import measure_matmul_flops
+from lmforge.device.peak import measure_matmul_flops
 from lmforge.train.optim import build_optimizer
 from lmforge.train.precision import make_precision
 from lmforge.train.schedule import lr_at

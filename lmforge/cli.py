@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_commands(commands)
     _serve_commands(commands)
     _plan_command(commands)
+    _doctor_command(commands)
     return parser
 
 
@@ -303,6 +304,20 @@ def _plan_command(commands) -> None:
     p.add_argument("--explain", action="store_true", help="show the formula behind each line")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
+
+
+def _doctor_command(commands) -> None:
+    p = commands.add_parser(
+        "doctor",
+        help="what this machine can do: CPU features, working kernels, their speed, and the "
+        "paths lmforge chooses here",
+        description="Detect the CPU's ISA and features, try each kernel lmforge relies on "
+        "(oneDNN weight packing, int8 weight-only matmul), measure matmul GFLOP/s per dtype "
+        "(once, cached), and print the precision and decode layouts chosen from them, the "
+        "torch.compile compiler and the GPU. LMFORGE_CPU_PROFILE caps the capabilities used.",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_doctor)
 
 
 def _data_commands(commands) -> None:
@@ -545,6 +560,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for key in ("func", "command", "json", "hardware"):
         flags.pop(key)
     print(run_plan(as_json=args.json, hardware_name=args.hardware, **flags), end="")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from lmforge.doctor import run_doctor
+
+    print(run_doctor(as_json=args.json))
     return 0
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lmforge.device.capability import use_compile
 from lmforge.errors import LmforgeError
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties, check_sampling_args, filter_logits
@@ -269,6 +270,7 @@ class Engine:
             raise LmforgeError(f"max_batch_size={max_batch_size} is invalid: use 1 or more")
         if device is not None:
             model.to(device)
+        compile = use_compile(compile, model.tok_embeddings.weight.device)
         self.weight_layout = "row-major"
         if relayout_weights:
             self.weight_layout = lay_out_for_decode(model, max_batch_size, compile)

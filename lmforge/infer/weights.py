@@ -15,8 +15,11 @@ MKL is rarely the fastest on a CPU (one thread, measured in benchmarks/bench_inf
   weight prepacked into its blocked format for the expected batch makes a decode step 1.2-1.5x
   faster than MKL over the plain layout.
 
-`lay_out_for_decode` picks one of these per model; GPUs keep the plain layout. Values are
-unchanged in all of them, so tokens are the same as before up to float summation order.
+`lay_out_for_decode` picks one of these per model; GPUs keep the plain layout. Packing is
+used only where the CPU capability module found oneDNN packing that dtype (bf16 needs
+AVX512-BW/VL/DQ or AVX-NE-CONVERT; on AVX2-only CPUs it raises), and falls back to the plain
+layout elsewhere. Values are unchanged in all of them, so tokens are the same as before up to
+float summation order.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.device.capability import CpuCapability, cpu_capability
 from lmforge.model.layers import Linear
 
-PACKABLE = (torch.float32, torch.bfloat16)
 STREAMED_MAX_ROWS = 2  # from 4 rows on, oneDNN's packed kernel is faster
 
 
@@ -89,22 +92,33 @@ class StreamedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, streamed"
 
 
-def decode_layout(weight: torch.Tensor, batch_size: int, compiled: bool = False) -> str:
-    """The fastest layout for decoding `batch_size` rows against weights like `weight`."""
+def decode_layout(
+    weight: torch.Tensor,
+    batch_size: int,
+    compiled: bool = False,
+    capability: CpuCapability | None = None,
+) -> str:
+    """The fastest layout for decoding `batch_size` rows against weights like `weight` on a CPU
+    with `capability` (default: this one's)."""
     if weight.device.type != "cpu":
         return "row-major"
     if compiled and batch_size <= STREAMED_MAX_ROWS:
         return "streamed"
     if batch_size == 1 and weight.dtype == torch.float32:
         return "column-major"
-    if weight.dtype in PACKABLE and torch.backends.mkldnn.is_available():
+    if (capability or cpu_capability()).can_pack(weight.dtype):
         return "packed"
     return "row-major"
 
 
-def lay_out_for_decode(model: nn.Module, batch_size: int, compiled: bool = False) -> str:
+def lay_out_for_decode(
+    model: nn.Module,
+    batch_size: int,
+    compiled: bool = False,
+    capability: CpuCapability | None = None,
+) -> str:
     """Re-lay every Linear of `model` in place for decoding `batch_size` rows, with a compiled
-    decode step or not; returns the layout.
+    decode step or not, on a CPU with `capability` (default: this one's); returns the layout.
 
     Packed weights cannot be trained or saved, and column-major ones are non-contiguous, so
     the model then serves inference only; streamed ones are the model's own.
@@ -112,7 +126,7 @@ def lay_out_for_decode(model: nn.Module, batch_size: int, compiled: bool = False
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     if not linears:
         return "row-major"
-    layout = decode_layout(linears[0].weight, batch_size, compiled)
+    layout = decode_layout(linears[0].weight, batch_size, compiled, capability)
     with torch.no_grad():
         if layout == "column-major":
             for linear in linears:

@@ -1,6 +1,6 @@
 """`cpu-local`: this machine as a planner device, measured once and cached.
 
-Matmul FLOP/s come from `train.mfu.peak_flops` (the same cached measurement MFU uses); memory
+Matmul FLOP/s come from `device.peak` (the same cached measurement MFU uses); memory
 bandwidth is the best read rate over a 256 MiB buffer (a sum: decoding streams weights the same
 way), cached in `$LMFORGE_CACHE/cpu_local.json` under the processor, thread count and torch
 version. torch is imported only here, and only when `cpu-local` is asked for.
@@ -8,7 +8,6 @@ version. torch is imported only here, and only when `cpu-local` is asked for.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -23,15 +22,20 @@ REPEATS = 5
 def cpu_local_device() -> Device:
     import torch
 
-    from lmforge.train.mfu import _cache_dir, _processor_name, peak_flops
+    from lmforge.device.peak import (
+        cache_dir,
+        cached,
+        machine_key,
+        measured_peak_flops,
+        processor_name,
+    )
 
     cpu = torch.device("cpu")
-    key = f"{_processor_name(cpu)}|{torch.get_num_threads()}|{torch.__version__}"
-    bandwidth = _cached(_cache_dir() / "cpu_local.json", key, measure_read_bandwidth)
+    bandwidth = cached(cache_dir() / "cpu_local.json", machine_key(cpu), measure_read_bandwidth)
     return Device(
         key="cpu-local",
-        name=f"this machine ({_processor_name(cpu)}, {torch.get_num_threads()} threads)",
-        flops={dtype: peak_flops(cpu, dtype) for dtype in ("fp32", "bf16")},
+        name=f"this machine ({processor_name(cpu)}, {torch.get_num_threads()} threads)",
+        flops={dtype: measured_peak_flops(cpu, dtype) for dtype in ("fp32", "bf16")},
         memory_bytes=float(_total_memory()),
         memory_bandwidth=bandwidth,
         source=f"measured here: timed matmuls and a {BUFFER_BYTES // 2**20} MiB read (cached)",
@@ -50,20 +54,6 @@ def measure_read_bandwidth(clock: Callable[[], float] = time.perf_counter) -> fl
         x.sum()
         best = min(best, clock() - t0)
     return BUFFER_BYTES / best
-
-
-def _cached(path: Path, key: str, measure) -> float:
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        cache = {}
-    if key not in cache:
-        cache[key] = measure()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1) + "\n")
-        os.replace(tmp, path)
-    return float(cache[key])
 
 
 def _total_memory() -> int:

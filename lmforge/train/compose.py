@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.device.capability import cpu_capability, use_compile
 from lmforge.model import Transformer
 from lmforge.train.master import ComputeCopy, needs_copy
 from lmforge.train.memory import apply_activation_checkpointing
@@ -79,6 +80,7 @@ def compose(
     parallel: ParallelOptions | None = None,
 ) -> Composed:
     """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`)."""
+    compile = use_compile(compile, device)
     if device.type == "cpu":
         keep_freed_memory()
     if world is not None:
@@ -121,6 +123,8 @@ def keep_freed_memory() -> bool:
     process keeps its peak memory. PyTorch's CPU tuning guide gets the same from jemalloc or
     tcmalloc. Returns whether the allocator took the settings (False off glibc: nothing changes).
     """
+    if not cpu_capability().glibc:  # musl, macOS and Windows have no such knobs
+        return False
     try:
         mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the C library already loaded
     except (OSError, TypeError):  # no such handle on Windows

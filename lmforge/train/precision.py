@@ -18,6 +18,7 @@ import contextlib
 import torch
 from torch import nn
 
+from lmforge.device.capability import cpu_capability
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.train.fp8 import Float8Linear, convert_to_float8, real_fp8_supported
@@ -186,11 +187,9 @@ def make_precision(name: str, device: torch.device, cast_module: bool = False) -
 
 def auto_precision(device: torch.device) -> str:
     """bf16 where it is fast (a CUDA GPU that supports it, or a CPU whose measured bf16 matmul
-    peak beats fp32 by half again); fp32 everywhere else."""
-    from lmforge.train.mfu import peak_flops
-
+    peak beats fp32 by half again: see lmforge.device.capability); fp32 everywhere else."""
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if device.type == "cpu" and peak_flops(device, "bf16") >= 1.5 * peak_flops(device, "fp32"):
+    if device.type == "cpu" and cpu_capability().fast_bf16():
         return "bf16"
     return "fp32"

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from lmforge.device.capability import detect
 from lmforge.errors import LmforgeError
 from lmforge.infer import generate
 from lmforge.infer.engine import Engine, SamplingParams
@@ -301,17 +302,28 @@ def test_closed_engine_refuses_requests(model):
 
 
 @pytest.mark.parametrize(
-    ("slots", "dtype", "compile", "layout"),
+    ("slots", "dtype", "compile", "layout", "profile"),
     [
-        (1, torch.float32, False, "column-major"),
-        (1, torch.float32, True, "streamed"),
-        (2, torch.bfloat16, True, "streamed"),
-        (4, torch.float32, False, "packed"),
-        (4, torch.float32, True, "packed"),
-        (4, torch.bfloat16, False, "packed"),
+        (1, torch.float32, False, "column-major", None),
+        (1, torch.float32, True, "streamed", None),
+        (2, torch.bfloat16, True, "streamed", None),
+        (4, torch.float32, False, "packed", None),
+        (4, torch.float32, True, "packed", None),
+        (4, torch.bfloat16, False, "packed", None),
+        (4, torch.bfloat16, False, "row-major", "avx2"),  # the fallback where bf16 won't pack
+        (4, torch.float32, False, "row-major", "generic"),
     ],
 )
-def test_relaid_weights_give_the_same_tokens(model, slots, dtype, compile, layout):
+def test_relaid_weights_give_the_same_tokens(
+    model, monkeypatch, slots, dtype, compile, layout, profile
+):
+    if profile:
+        monkeypatch.setenv("LMFORGE_CPU_PROFILE", profile)
+    elif layout == "packed" and not detect().can_pack(dtype):
+        pytest.skip(
+            f"oneDNN cannot pack {dtype} weights on this CPU; the avx2-profile case below "
+            "tests the fallback this CPU takes"
+        )
     model = copy.deepcopy(model).to(dtype)
     relaid = copy.deepcopy(model)
     params = SamplingParams(max_tokens=12, temperature=0)
@@ -332,5 +344,7 @@ def test_relaid_weights_give_the_same_tokens(model, slots, dtype, compile, layou
         assert torch.equal(weight, model.layers[0].attn.q_proj.weight)
     elif layout == "streamed":
         assert isinstance(relaid.layers[0].attn.q_proj, StreamedLinear)
-    else:
+    elif layout == "packed":
         assert isinstance(relaid.layers[0].attn.q_proj, PackedLinear)
+    else:
+        assert relaid.layers[0].attn.q_proj.weight.is_contiguous()

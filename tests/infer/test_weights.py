@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
+from lmforge.device.capability import detect, profile_capability
 from lmforge.infer.weights import (
     PackedLinear,
     StreamedLinear,
@@ -12,8 +13,18 @@ from lmforge.model import ModelConfig, Transformer
 from lmforge.model.layers import Linear
 
 
+def needs_packing(dtype: torch.dtype) -> None:
+    if not detect().can_pack(dtype):
+        pytest.skip(
+            f"oneDNN cannot pack {dtype} weights on this CPU (bf16 needs AVX512-BW/VL/DQ or "
+            "AVX-NE-CONVERT); the plain-layout fallback is tested by tests/device/"
+            "test_capability.py::test_on_an_avx2_only_cpu_bf16_engines_fall_back_to_the_plain_layout"
+        )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_matches_linear_eager_and_compiled(dtype):
+    needs_packing(dtype)
     torch.manual_seed(0)
     linear = Linear(48, 80).to(dtype)
     packed = PackedLinear(linear, batch_size=8)
@@ -46,19 +57,26 @@ def test_streamed_linear_matches_linear_eager_and_compiled(dtype):
 
 
 def test_decode_layout_by_batch_dtype_device_and_compile():
+    """On a CPU that packs both dtypes; tests/device/test_capability.py covers the others."""
     fp32, bf16 = torch.empty(4, 4), torch.empty(4, 4, dtype=torch.bfloat16)
-    assert decode_layout(fp32, 1) == "column-major"
-    assert decode_layout(fp32, 8) == "packed"
-    assert decode_layout(bf16, 1) == "packed"
-    assert decode_layout(fp32, 1, compiled=True) == "streamed"
-    assert decode_layout(bf16, 2, compiled=True) == "streamed"
-    assert decode_layout(fp32, 4, compiled=True) == "packed"
-    assert decode_layout(torch.empty(4, 4, device="meta"), 1, compiled=True) == "row-major"
-    assert decode_layout(torch.empty(4, 4, dtype=torch.float16), 8) == "row-major"
-    assert decode_layout(torch.empty(4, 4, device="meta"), 1) == "row-major"
+    meta = torch.empty(4, 4, device="meta")
+
+    def layout(weight, batch, compiled=False):
+        return decode_layout(weight, batch, compiled, profile_capability("avx512-bf16"))
+
+    assert layout(fp32, 1) == "column-major"
+    assert layout(fp32, 8) == "packed"
+    assert layout(bf16, 1) == "packed"
+    assert layout(fp32, 1, compiled=True) == "streamed"
+    assert layout(bf16, 2, compiled=True) == "streamed"
+    assert layout(fp32, 4, compiled=True) == "packed"
+    assert layout(meta, 1, compiled=True) == "row-major"
+    assert layout(torch.empty(4, 4, dtype=torch.float16), 8) == "row-major"
+    assert layout(meta, 1) == "row-major"
 
 
 def test_lay_out_for_decode_replaces_every_linear_and_keeps_the_logits():
+    needs_packing(torch.float32)
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4)).eval()
     ids = torch.randint(0, 64, (2, 9))

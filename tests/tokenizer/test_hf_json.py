@@ -40,7 +40,9 @@ def test_library_matches_on_real_text(saved, stdlib_texts):
 @given(text=st.text())
 def test_library_matches_on_any_text(saved, text):
     tok, hf, _ = saved
-    assert hf_ids(hf, text) == tok.encode_ordinary(text)
+    # The library always matches its added tokens, so a text that holds one (hypothesis draws
+    # the test module's own string constants too) splits there, as `allowed_special` does.
+    assert hf_ids(hf, text) == tok.encode(text, allowed_special="all")
 
 
 @settings(max_examples=100, deadline=None)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-import lmforge.train.mfu as mfu_module
+import lmforge.device.peak as peak_module
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train.mfu import mfu, peak_flops
 
@@ -18,7 +18,7 @@ def test_cpu_peak_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
         calls.append(dtype)
         return 1.0e11
 
-    monkeypatch.setattr(mfu_module, "measure_matmul_flops", fake_measure)
+    monkeypatch.setattr(peak_module, "measure_matmul_flops", fake_measure)
     assert peak_flops("cpu", "fp32") == 1.0e11
     assert peak_flops("cpu", "fp32") == 1.0e11
     assert peak_flops("cpu", "bf16") == 1.0e11
@@ -28,7 +28,7 @@ def test_cpu_peak_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
 
 
 def test_a_real_measurement_is_plausible():
-    flops = mfu_module.measure_matmul_flops("cpu", "fp32", seconds=0.2)
+    flops = peak_module.measure_matmul_flops("cpu", "fp32", seconds=0.2)
     assert 1e8 < flops < 1e14
 
 

@@ -151,13 +151,25 @@ def test_bad_precision_settings_are_clear_errors():
         make_precision("fp32", torch.device("cpu"), cast_module=True)
 
 
-@pytest.mark.parametrize("bf16_speedup,expected", [(2.1, "bf16"), (0.3, "fp32")])
+@pytest.mark.parametrize(
+    "bf16_speedup,profile,expected",
+    [
+        (2.1, None, "bf16"),
+        (0.3, None, "fp32"),
+        (2.1, "avx512-bf16", "bf16"),
+        (2.1, "avx512", "fp32"),  # a profile without native bf16 never picks it
+        (2.1, "avx2", "fp32"),
+        (2.1, "neon", "fp32"),
+    ],
+)
 def test_auto_picks_bf16_only_where_it_is_measured_fast(
-    monkeypatch, tmp_path, bf16_speedup, expected
+    monkeypatch, tmp_path, bf16_speedup, profile, expected
 ):
-    import lmforge.train.mfu as mfu_module
+    import lmforge.device.peak as peak_module
 
     monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path))
+    if profile:
+        monkeypatch.setenv("LMFORGE_CPU_PROFILE", profile)
     peaks = {"fp32": 1e11, "bf16": bf16_speedup * 1e11}
-    monkeypatch.setattr(mfu_module, "measure_matmul_flops", lambda device, dtype: peaks[dtype])
+    monkeypatch.setattr(peak_module, "measure_matmul_flops", lambda device, dtype: peaks[dtype])
     assert make_precision("auto", torch.device("cpu")).name == expected
