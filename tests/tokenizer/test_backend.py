@@ -110,7 +110,7 @@ def test_to_tiktoken_is_same_encoding(pair, stdlib_texts):
 
 def test_encode_batch_equals_serial(pair, stdlib_texts, monkeypatch):
     fast, slow = pair
-    texts = [t[:20000] + EOT + "tail" for t in stdlib_texts] + ["", "x"]
+    texts = [t[:3000] + EOT + "tail" for t in stdlib_texts] + ["", "x"]  # small: no load-bound test
     expected = [fast.encode(t, allowed_special="all") for t in texts]
     assert fast.encode_batch(texts, workers=2, allowed_special="all") == expected
     assert slow.encode_batch(texts, workers=1, allowed_special="all") == expected
