@@ -3,8 +3,11 @@
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -154,8 +157,8 @@ def test_every_command_has_help(command, capsys):
         assert option in out
 
 
-def _run(*args, cwd=None):
-    env = {**os.environ, "LMFORGE_PROGRESS": "0"}
+def _run(*args, cwd=None, env=None):
+    env = {**os.environ, "LMFORGE_PROGRESS": "0", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "lmforge", *map(str, args)],
         capture_output=True,
@@ -208,6 +211,39 @@ def test_speedrun_rerun_reuses_every_stage(speedrun_dir, corpus_dir):
         "training: reusing",
     ):
         assert stage in result.stdout
+
+
+AVX2_HOST = {  # oneDNN and ATen capped as on an AVX2-only CPU; Inductor's cache kept apart
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / "lmforge-inductor-avx2"),
+}
+
+
+def test_generate_on_bf16_and_fp32_checkpoints_on_every_cpu(speedrun_dir, tmp_path):
+    """A bf16 checkpoint decodes in bf16 where bf16 is fast and in fp32 elsewhere; with four
+    prompts in one batch the engine takes its multi-slot layout, which on an AVX2-only CPU must
+    not ask oneDNN to pack bf16 weights."""
+    from safetensors.torch import load_file, save_file
+
+    out, _ = speedrun_dir
+    fp32 = sorted((out / "checkpoints").iterdir())[-1]
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(fp32, bf16)
+    weights = load_file(bf16 / "model.safetensors")
+    save_file({k: v.bfloat16() for k, v in weights.items()}, bf16 / "model.safetensors")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main(\nimport os\nclass A:\nfor i in\n")
+    for name, checkpoint, env in [("bf16", bf16, {}), ("bf16 avx2", bf16, AVX2_HOST),
+                                  ("fp32 avx2", fp32, AVX2_HOST)]:  # fmt: skip
+        result = _run(
+            "generate", "--checkpoint", checkpoint, "--prompts-file", prompts,
+            "--max-new-tokens", 8, "--temperature", 0, "--batch-size", 4, env=env,
+        )  # fmt: skip
+        assert result.returncode == 0, f"{name}: {result.stderr[-2000:]}"
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [r["prompt"] for r in rows] == ["def main(", "import os", "class A:", "for i in"]
+        assert all(r["tokens"] >= 1 for r in rows), name
 
 
 def test_generate_continues_the_prompt(speedrun_dir):

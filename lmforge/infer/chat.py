@@ -17,6 +17,7 @@ from typing import TextIO
 from lmforge.errors import LmforgeError
 from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.infer.weights import load_for_decode
 from lmforge.tokenizer import Tokenizer
 
 HELP = "/reset starts a new conversation, /exit quits"
@@ -107,9 +108,7 @@ def run_chat(
     compile: bool = False,
 ) -> None:
     """`lmforge chat`: load a checkpoint and talk to it on stdin/stdout."""
-    from lmforge.train.checkpoint import load_checkpoint
-
-    model, tokenizer = load_checkpoint(checkpoint, device)
+    model, tokenizer = load_for_decode(checkpoint, device)
     engine = Engine(model, tokenizer, max_batch_size=1, compile=compile, relayout_weights=True)
     with engine:
         template = ChatTemplate(tokenizer)

@@ -17,6 +17,7 @@ from lmforge.errors import LmforgeError
 from lmforge.infer.beam import beam_search
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.text import prompt_ids
+from lmforge.infer.weights import load_for_decode
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -54,10 +55,8 @@ def run_generate(
     out: TextIO | None = None,
 ) -> None:
     """Complete each prompt: streamed text when `stream` (one prompt), else JSON lines."""
-    from lmforge.train.checkpoint import load_checkpoint
-
     out = sys.stdout if out is None else out
-    model, tokenizer = load_checkpoint(checkpoint, device)
+    model, tokenizer = load_for_decode(checkpoint, device)
     context = model.config.max_seq_len
     params = dataclasses.replace(params, max_tokens=min(params.max_tokens, context - 1))
     room = context - params.max_tokens  # a longer prompt keeps its last tokens

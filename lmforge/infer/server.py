@@ -35,6 +35,7 @@ from lmforge.infer import openai_schema as api
 from lmforge.infer.chat_template import ChatTemplate, ReplyStripper
 from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
 from lmforge.infer.text import prompt_ids
+from lmforge.infer.weights import load_for_decode
 
 if TYPE_CHECKING:
     from lmforge.tokenizer import Tokenizer
@@ -497,9 +498,7 @@ def serve(
     """`lmforge serve`: load a checkpoint and serve it until Ctrl-C."""
     import uvicorn
 
-    from lmforge.train.checkpoint import load_checkpoint
-
-    model, tokenizer = load_checkpoint(checkpoint, device)
+    model, tokenizer = load_for_decode(checkpoint, device)
     name = model_name or Path(checkpoint).resolve().name
     engine = Engine(
         model, tokenizer, max_batch_size=max_batch_size, compile=compile, relayout_weights=True

@@ -24,6 +24,8 @@ float summation order.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -90,6 +92,27 @@ class StreamedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, streamed"
+
+
+def decode_dtype(saved: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The dtype to decode a checkpoint saved in `saved` with on `device`: its own where the
+    device computes it fast (a GPU; a CPU only for bf16, and only where capability measured
+    bf16 fast), else float32, which every CPU runs at full speed."""
+    device = torch.device(device)
+    if saved == torch.float32 or device.type not in ("cpu", "cuda", "mps"):
+        return torch.float32
+    if device.type != "cpu":
+        return saved
+    return saved if saved == torch.bfloat16 and cpu_capability().fast_bf16() else torch.float32
+
+
+def load_for_decode(checkpoint: str | Path, device: torch.device | str = "cpu"):
+    """`(model, tokenizer)` of a checkpoint (as train.checkpoint.load_checkpoint), in the dtype
+    `decode_dtype` picks for it on `device`."""
+    from lmforge.train.checkpoint import load_checkpoint, saved_dtype
+
+    model, tokenizer = load_checkpoint(checkpoint, device)
+    return model.to(decode_dtype(saved_dtype(checkpoint), device)), tokenizer
 
 
 def decode_layout(

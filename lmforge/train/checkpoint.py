@@ -126,6 +126,22 @@ def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:
         load_model_only(model, checkpoint)
 
 
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def saved_dtype(path: str | Path) -> torch.dtype:
+    """The dtype the checkpoint at `path` stores its weights in (float32 for distributed ones)."""
+    from safetensors import safe_open
+
+    weights = resolve_checkpoint(path) / "model.safetensors"
+    if not weights.is_file():
+        return torch.float32
+    with safe_open(str(weights), framework="pt") as f:
+        name = next(iter(f.keys()), None)
+        code = "F32" if name is None else f.get_slice(name).get_dtype()
+    return _SAFETENSORS_DTYPES.get(code, torch.float32)
+
+
 def check_model_shape(checkpoint: str | Path, config: ModelConfig) -> None:
     saved = read_model_config(checkpoint)
     if saved != config:

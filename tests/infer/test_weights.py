@@ -98,3 +98,24 @@ def test_streamed_layout_keeps_the_state_dict():
     got = model.state_dict()
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize(
+    ("saved", "device", "bf16_fast", "want"),
+    [
+        (torch.float32, "cpu", True, torch.float32),
+        (torch.bfloat16, "cpu", True, torch.bfloat16),
+        (torch.bfloat16, "cpu", False, torch.float32),  # AVX2: bf16 would be emulated
+        (torch.float16, "cpu", True, torch.float32),  # no fast fp16 matmul on CPUs
+        (torch.bfloat16, "cuda", False, torch.bfloat16),
+        (torch.float16, "mps", False, torch.float16),
+    ],
+)
+def test_decode_dtype_keeps_a_half_checkpoint_only_where_it_is_fast(
+    monkeypatch, saved, device, bf16_fast, want
+):
+    import lmforge.device.capability as capability
+    from lmforge.infer.weights import decode_dtype
+
+    monkeypatch.setattr(capability, "bf16_speedup", lambda: 2.5 if bf16_fast else 0.04)
+    assert decode_dtype(saved, device) == want
