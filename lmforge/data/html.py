@@ -2,14 +2,22 @@
 
 Decoding trusts, in order: a byte-order mark, valid UTF-8 (a strong signal on its own), the
 charset the server or the page declares (if the bytes decode with it), then `uchardet`'s guess
-through resiliparse. Extraction is resiliparse's `extract_plain_text`, which keeps block
-structure: paragraphs and headings become blank-line-separated blocks, list items keep bullets.
+through resiliparse. A declared label means what it means to a browser (`web_encodings`, the
+WHATWG label table): `iso-8859-1`, `latin1` and `us-ascii` are windows-1252, so 0x80-0x9F are
+“ ” – € rather than C1 controls. An unknown label, or one of the "replacement" encoding, is
+ignored; a `<meta>` naming UTF-16 means UTF-8 and x-user-defined windows-1252, as in the HTML
+standard's prescan (the page's ASCII could not be read otherwise).
+
+Extraction is resiliparse's `extract_plain_text`, which keeps block structure: paragraphs and
+headings become blank-line-separated blocks, list items keep bullets.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
+
+from lmforge.data import web_encodings
 
 BOMS = (
     (codecs.BOM_UTF8, "utf-8-sig"),
@@ -27,7 +35,7 @@ def charset_from_content_type(content_type: str | None) -> str | None:
 
 
 def decode_html(raw: bytes, declared: str | None = None) -> tuple[str, str]:
-    """(text, encoding used) for the bytes of a page; `declared` is the HTTP header's charset."""
+    """(text, codec used) for the bytes of a page; `declared` is the HTTP header's charset."""
     for bom, name in BOMS:
         if raw.startswith(bom):
             return raw.decode(name, errors="replace"), name
@@ -36,12 +44,18 @@ def decode_html(raw: bytes, declared: str | None = None) -> tuple[str, str]:
     except UnicodeDecodeError:
         pass
     meta = _META_CHARSET.search(raw[:4096])
-    for label in (declared, meta.group(1).decode("ascii") if meta else None):
-        if label and _known(label) and codecs.lookup(label).name != "utf-8":
-            try:
-                return raw.decode(label), codecs.lookup(label).name
-            except UnicodeDecodeError:
-                continue
+    candidates = (
+        web_encodings.lookup(declared),
+        _meta_encoding(meta.group(1).decode("ascii") if meta else None),
+    )
+    for name in candidates:
+        codec = web_encodings.codec_name(name) if name else None
+        if codec is None or codec == "utf-8":  # unknown, replacement, or already failed
+            continue
+        try:
+            return web_encodings.decode(raw, name), codec
+        except UnicodeDecodeError:
+            continue
     from resiliparse.parse.encoding import bytes_to_str, detect_encoding
 
     guess = detect_encoding(raw)
@@ -62,9 +76,9 @@ def html_to_text(html: str, main_content: bool = False) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
-def _known(label: str) -> bool:
-    try:
-        codecs.lookup(label)
-    except LookupError:
-        return False
-    return True
+def _meta_encoding(label: str | None) -> str | None:
+    """The encoding a `<meta charset>` label selects (HTML's prescan: UTF-16 there means UTF-8)."""
+    name = web_encodings.lookup(label)
+    if name in ("UTF-16LE", "UTF-16BE"):
+        return "UTF-8"
+    return "windows-1252" if name == "x-user-defined" else name
