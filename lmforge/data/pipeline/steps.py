@@ -141,7 +141,12 @@ class Toxicity(Filter):
 
 
 class Pii(Transform):
-    """Masks e-mail addresses, phone numbers, IPs and card numbers with typed placeholders."""
+    """Masks e-mail addresses, phone numbers, IPs and card numbers with typed placeholders.
+
+    `profile = auto` masks source files (format `code`, or a code extension in the record's
+    path or extension field) with the code profile and leaves the rest to the masker, which
+    treats text that looks like code as code and everything else as prose.
+    """
 
     name = "pii"
 
@@ -150,20 +155,40 @@ class Pii(Transform):
         types: list[str] = field(
             default_factory=lambda: ["email", "phone", "ipv4", "ipv6", "credit_card"]
         )
+        profile: str = "auto"  # auto (by the document's meta, then its text), prose or code
+
+    PATH_KEYS: ClassVar[tuple[str, ...]] = ("path", "file", "filename", "file_path", "ext")
 
     def setup(self) -> None:
-        from lmforge.data.pii import ALL_TYPES
+        from lmforge.data.pii import ALL_TYPES, PROFILES
+        from lmforge.errors import LmforgeError
 
         unknown = set(self.config.types) - set(ALL_TYPES)
         if unknown:
-            from lmforge.errors import LmforgeError
-
             raise LmforgeError(f"pii.types has unknown {sorted(unknown)}: use {list(ALL_TYPES)}")
+        if self.config.profile not in PROFILES:
+            raise LmforgeError(
+                f"pii.profile {self.config.profile!r} is unknown: use auto, prose or code"
+            )
+
+    def profile(self, doc: Document) -> str:
+        """The configured profile; under auto, code where the meta names a source file."""
+        from lmforge.data.readers import CODE_SUFFIXES
+
+        if self.config.profile != "auto":
+            return self.config.profile
+        if doc.meta.get("format") == "code":
+            return "code"
+        for key in self.PATH_KEYS:
+            value = doc.meta.get(key)
+            if isinstance(value, str) and "." + value.rsplit(".", 1)[-1].lower() in CODE_SUFFIXES:
+                return "code"
+        return "auto"
 
     def transform(self, doc: Document) -> Document | None:
         from lmforge.data.pii import mask_pii
 
-        text, counts = mask_pii(doc.text, self.config.types)
+        text, counts = mask_pii(doc.text, self.config.types, self.profile(doc))
         if not counts:
             return doc
         for kind, n in counts.items():
