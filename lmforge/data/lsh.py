@@ -2,6 +2,7 @@
 
     index = LSHIndex(threshold=0.8, num_perm=128)   # 9 bands x 13 rows, as datasketch picks
     LSHIndex(0.5, 128, weights=(0.2, 0.8))          # (false pos., false neg.): more recall
+    LSHIndex(0.8, 128, bands=16, rows=8)            # a banding of one's own (bands x rows <= 128)
     print(index.describe())                         # the choice and P(candidate | Jaccard)
     pairs = index.candidate_pairs(signatures)       # (m, 2) int64 rows i < j, whole batch at once
     index.insert(key, signature); index.query(signature) -> list of keys   # one at a time
@@ -75,14 +76,9 @@ class LSHIndex:
         max_bucket_pairs: int = 64,
         weights: tuple[float, float] = (0.5, 0.5),
     ) -> None:
-        if (bands is None) != (rows is None):
-            raise ValueError("give both bands and rows, or neither to derive them from threshold")
+        check_banding(num_perm, bands, rows)
         if bands is None or rows is None:
             bands, rows = optimal_bands(threshold, num_perm, *weights)
-        if bands * rows > num_perm:
-            raise ValueError(f"{bands} bands x {rows} rows need more than {num_perm} permutations")
-        if rows > len(_BAND_MULTIPLIERS):
-            raise ValueError(f"at most {len(_BAND_MULTIPLIERS)} rows per band, got {rows}")
         self.threshold, self.num_perm, self.bands, self.rows = threshold, num_perm, bands, rows
         self.max_bucket_pairs = max_bucket_pairs
         self._tables: list[defaultdict[int, list[Hashable]]] = [
@@ -166,6 +162,25 @@ class LSHIndex:
             if larger:
                 found.append(np.array([p for pairs in larger for p in pairs], dtype=np.int64))
         return np.unique(np.concatenate(found), axis=0)
+
+
+def check_banding(num_perm: int, bands: int | None, rows: int | None) -> None:
+    """Raise ValueError, one line naming the fix, unless (bands, rows) is None or a valid pair."""
+    if bands is None and rows is None:
+        return
+    if bands is None or rows is None:
+        given = f"bands={bands}" if rows is None else f"rows={rows}"
+        raise ValueError(f"{given} without the other: give both bands and rows, or neither")
+    for name, value in (("bands", bands), ("rows", rows)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if bands * rows > num_perm:
+        raise ValueError(
+            f"{bands} bands x {rows} rows = {bands * rows} values need more than {num_perm} "
+            "permutations: lower bands or rows, or raise num_perm"
+        )
+    if rows > len(_BAND_MULTIPLIERS):
+        raise ValueError(f"rows must be at most {len(_BAND_MULTIPLIERS)}, got {rows}")
 
 
 def _bucket_pairs(members: list[int], max_all_pairs: int) -> list[tuple[int, int]]:

@@ -13,13 +13,17 @@ then permutation k maps h to `a[k] * h + b[k] mod 2^32` (odd `a`, so a bijection
 signature is the minimum per permutation. Fed the same 32-bit shingle hashes, datasketch's
 `MinHash(num_perm, seed).update_batch` gives the same signature bit for bit.
 
+With a `normalize` function (`lmforge.data.normalize.TextNormalizer`, on by default in
+`near_dedup` and the `minhash_dedup` step, off here) each text is normalized before shingling,
+so copies that differ only in punctuation, accents, case or kinds of space get the same shingles.
+
 Texts are processed in groups of about `group_bytes` and the permutation step in blocks of
 `block` shingles, so memory stays at a few tens of MB whatever the input size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -40,17 +44,20 @@ class MinHasher:
         lowercase: bool = True,
         group_bytes: int = 256 * 1024,
         block: int = 16384,
+        normalize: Callable[[str], str] | None = None,
     ) -> None:
         if num_perm < 1:
             raise ValueError(f"num_perm must be positive, got {num_perm}")
         if not 1 <= ngram <= 64:
             raise ValueError(f"ngram must be between 1 and 64, got {ngram}")
         self.num_perm, self.ngram, self.seed, self.lowercase = num_perm, ngram, seed, lowercase
-        self.group_bytes, self.block = group_bytes, block
+        self.group_bytes, self.block, self.normalize = group_bytes, block, normalize
         self.a, self.b = permutations(num_perm, seed)
 
     def shingles(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """64-bit hashes of every text's shingles, and per-text offsets (n_texts + 1) into them."""
+        if self.normalize is not None:
+            texts = [self.normalize(text) for text in texts]
         buf, starts = encode(texts)
         words, word_offsets = word_hashes(buf, starts, self.lowercase)
         return ngram_hashes(words, word_offsets, self.ngram, short="whole")

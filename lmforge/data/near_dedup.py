@@ -2,7 +2,7 @@
 
 Batch, over a sequence of texts held in memory:
 
-    found = find_near_duplicates(texts, threshold=0.8)   # NearDuplicates
+    found = find_near_duplicates(texts, threshold=0.8)   # NearDuplicates (normalized, auto bands)
     found.clusters     # [[i, j, ...], ...]: sorted members, >= 2 each, ordered by first member
     found.keep         # bool per text: False for every cluster member but the first
     near_duplicate_clusters(texts, threshold=0.8)        # just the clusters
@@ -13,6 +13,13 @@ Streaming, one text (or batch) at a time, e.g. inside a pipeline step:
     dedup.add(text) -> bool               # True: keep; False: near-duplicate of an earlier text
     dedup.add_batch(texts) -> np.ndarray  # the same decisions, signatures computed at once
     dedup.matches                         # [(later, earlier), ...] in arrival numbering
+
+Texts are normalized before shingling (`normalize=True`: `lmforge.data.normalize.TextNormalizer`,
+NFKC, case-folding, accents stripped, punctuation dropped, all Unicode whitespace collapsed), so a
+copy that differs only in punctuation, accents or no-break spaces is found; `normalize=False`
+shingles the raw text, `normalize=TextNormalizer(strip_accents=False)` chooses steps. The LSH
+banding is chosen for the threshold (`lsh.optimal_bands`) unless `bands` and `rows` are given;
+`found.bands`, `found.rows` report the one used.
 
 A candidate pair (sharing an LSH band, see `lsh`) is a near-duplicate when the Jaccard similarity
 of the two shingle sets is at least `threshold` (`verify="jaccard"`, the default), when their
@@ -36,6 +43,7 @@ import numpy as np
 
 from lmforge.data.lsh import LSHIndex
 from lmforge.data.minhash import EMPTY, MinHasher
+from lmforge.data.normalize import TextNormalizer, resolve_normalizer
 
 VERIFY_MODES = ("jaccard", "signature", "none")
 
@@ -46,6 +54,8 @@ class NearDuplicates:
     keep: np.ndarray
     candidate_pairs: int
     verified_pairs: int
+    bands: int = 0  # the LSH banding used
+    rows: int = 0
 
     @property
     def removed(self) -> int:
@@ -59,11 +69,22 @@ def find_near_duplicates(
     ngram: int = 5,
     seed: int = 1,
     verify: str = "jaccard",
+    *,
+    normalize: bool | TextNormalizer = True,
+    bands: int | None = None,
+    rows: int | None = None,
 ) -> NearDuplicates:
-    """Clusters of near-duplicate texts and which text of each to keep (the first)."""
+    """Clusters of near-duplicate texts and which text of each to keep (the first).
+
+    `normalize`: True (every step of `TextNormalizer`), False (raw text) or a `TextNormalizer`.
+    `bands` x `rows`: the LSH banding (both, at most `num_perm` in all), None: chosen for the
+    threshold.
+    """
     _check_verify(verify)
-    hasher = MinHasher(num_perm=num_perm, ngram=ngram, seed=seed)
-    index = LSHIndex(threshold=threshold, num_perm=num_perm)
+    hasher = MinHasher(
+        num_perm=num_perm, ngram=ngram, seed=seed, normalize=resolve_normalizer(normalize)
+    )
+    index = LSHIndex(threshold=threshold, num_perm=num_perm, bands=bands, rows=rows)
     signatures = np.empty((len(texts), num_perm), dtype=np.uint32)
     shingles = _Shingles()
     for lo, hi in hasher.groups(texts):
@@ -86,7 +107,7 @@ def find_near_duplicates(
     keep = np.ones(len(texts), dtype=bool)
     for cluster in clusters:
         keep[cluster[1:]] = False
-    return NearDuplicates(clusters, keep, len(pairs), len(verified))
+    return NearDuplicates(clusters, keep, len(pairs), len(verified), index.bands, index.rows)
 
 
 def near_duplicate_clusters(
@@ -96,9 +117,16 @@ def near_duplicate_clusters(
     ngram: int = 5,
     seed: int = 1,
     verify: str = "jaccard",
+    *,
+    normalize: bool | TextNormalizer = True,
+    bands: int | None = None,
+    rows: int | None = None,
 ) -> list[list[int]]:
     """Sorted index lists of near-duplicate texts, each with at least two members."""
-    return find_near_duplicates(texts, threshold, num_perm, ngram, seed, verify).clusters
+    found = find_near_duplicates(
+        texts, threshold, num_perm, ngram, seed, verify, normalize=normalize, bands=bands, rows=rows
+    )
+    return found.clusters
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -133,7 +161,11 @@ def clusters_from_pairs(pairs: Iterable[Sequence[int]] | np.ndarray) -> list[lis
 
 
 class NearDedup:
-    """Streaming near-duplicate filter: a text is dropped when similar to any earlier one."""
+    """Streaming near-duplicate filter: a text is dropped when similar to any earlier one.
+
+    `normalize`, `bands` and `rows` as for `find_near_duplicates`; `index.bands`, `index.rows`
+    are the banding used.
+    """
 
     def __init__(
         self,
@@ -142,11 +174,17 @@ class NearDedup:
         ngram: int = 5,
         seed: int = 1,
         verify: str = "jaccard",
+        *,
+        normalize: bool | TextNormalizer = True,
+        bands: int | None = None,
+        rows: int | None = None,
     ) -> None:
         _check_verify(verify)
         self.threshold, self.verify = threshold, verify
-        self.hasher = MinHasher(num_perm=num_perm, ngram=ngram, seed=seed)
-        self.index = LSHIndex(threshold=threshold, num_perm=num_perm)
+        self.hasher = MinHasher(
+            num_perm=num_perm, ngram=ngram, seed=seed, normalize=resolve_normalizer(normalize)
+        )
+        self.index = LSHIndex(threshold=threshold, num_perm=num_perm, bands=bands, rows=rows)
         self.seen = 0
         self.removed = 0
         self.matches: list[tuple[int, int]] = []

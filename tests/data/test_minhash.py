@@ -3,6 +3,7 @@ import pytest
 
 from lmforge.data.hashing import encode, fmix32, ngram_hashes, word_hashes
 from lmforge.data.minhash import EMPTY, MinHasher, permutations
+from lmforge.data.normalize import TextNormalizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.\nThe QUICK brown fox!",
@@ -98,3 +99,12 @@ def test_long_buffers_are_hashed_in_slices_with_the_same_result(monkeypatch):
     assert np.array_equal(whole[0], sliced[0]) and np.array_equal(whole[1], sliced[1])
     pieces, _ = word_hashes(*encode(["x" * 2500]))
     assert len(pieces) == 3  # a word longer than a slice is cut, never lost
+
+
+def test_normalize_runs_before_shingling_and_is_off_by_default():
+    texts = ["Crème brûlée, of course! " * 4, "creme brulee of course " * 4]
+    raw = MinHasher(num_perm=32).signatures(texts)
+    normalized = MinHasher(num_perm=32, normalize=TextNormalizer()).signatures(texts)
+    assert not np.array_equal(raw[0], raw[1])
+    assert np.array_equal(normalized[0], normalized[1])
+    assert np.array_equal(MinHasher(num_perm=32).signatures(texts[1:]), raw[1:])

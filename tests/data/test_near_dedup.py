@@ -8,7 +8,8 @@ from lmforge.data.near_dedup import (
     jaccard,
     near_duplicate_clusters,
 )
-from lmforge.data.planted import pair_scores, planted_corpus
+from lmforge.data.normalize import TextNormalizer
+from lmforge.data.planted import KINDS, pair_scores, planted_corpus
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +71,78 @@ def test_jaccard_and_union_find():
 def test_bad_verify_mode_is_rejected():
     with pytest.raises(ValueError, match="verify must be"):
         NearDedup(verify="maybe")
+
+
+@pytest.fixture(scope="module")
+def variants():
+    # Copies that differ from their base only in punctuation, accents or no-break spaces.
+    return planted_corpus(
+        n_base=200, words=(100, 300), vocab_size=5000, seed=5, kinds=KINDS[1:], max_copies=2
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS[1:])
+def test_form_only_copies_are_found_with_normalization_and_not_without(variants, kind):
+    groups = variants.of_kind(kind)
+    assert groups
+    normalized = find_near_duplicates(variants.texts, threshold=0.8)
+    assert pair_scores(normalized.clusters, groups)[1] == 1.0
+    assert pair_scores(normalized.clusters, variants.groups)[0] == 1.0
+    # Raw text: words split on ASCII whitespace only and compared byte for byte, so "word," and
+    # "word", "é" and "e", "a\u00a0b" and "a b" are different words; about half the words (or
+    # spaces) differ, so almost no 5-gram survives and the Jaccard similarity is below 0.1.
+    raw = find_near_duplicates(variants.texts, threshold=0.8, normalize=False)
+    assert pair_scores(raw.clusters, groups)[1] == 0.0
+    streamed = NearDedup(threshold=0.8)
+    keep = streamed.add_batch(variants.texts)
+    assert keep.tolist() == normalized.keep.tolist()
+
+
+def test_normalization_can_be_chosen_step_by_step():
+    base = "the quick brown fox jumps over the lazy dog near the river bank today " * 3
+    accented = base.replace("o", "ö")
+    keep_accents = TextNormalizer(strip_accents=False)
+    assert near_duplicate_clusters([base, accented], normalize=True) == [[0, 1]]
+    assert near_duplicate_clusters([base, accented], normalize=keep_accents) == []
+    dedup = NearDedup(normalize=keep_accents)
+    assert dedup.add_batch([base, accented.upper().replace("Ö", "ö")]).tolist() == [True, True]
+    assert NearDedup(normalize=TextNormalizer()).add_batch([base, accented]).tolist() == [
+        True,
+        False,
+    ]
+    with pytest.raises(TypeError, match="TextNormalizer"):
+        find_near_duplicates([base], normalize="yes")
+
+
+def test_bands_and_rows_are_honoured_and_reported(corpus):
+    auto = find_near_duplicates(corpus.texts, threshold=0.3)
+    assert (auto.bands, auto.rows) == (37, 3)  # datasketch's choice for 0.3 and 128
+    # One band of 64 rows: only pairs agreeing on all 64 values, so the 0.42-0.63 copies are
+    # almost never candidates; 64 bands of 2 rows: more candidates, more of them true pairs.
+    strict = find_near_duplicates(corpus.texts, threshold=0.3, bands=1, rows=64)
+    loose = find_near_duplicates(corpus.texts, threshold=0.3, bands=64, rows=2)
+    assert (strict.bands, strict.rows, loose.bands, loose.rows) == (1, 64, 64, 2)
+    assert strict.candidate_pairs < 0.05 * auto.candidate_pairs
+    assert loose.candidate_pairs > auto.candidate_pairs
+    assert loose.verified_pairs > auto.verified_pairs
+    assert pair_scores(strict.clusters, corpus.groups)[1] < 0.1
+    stream = NearDedup(threshold=0.3, bands=1, rows=64)
+    assert (stream.index.bands, stream.index.rows) == (1, 64)
+    assert stream.add_batch(corpus.texts).all() == (strict.removed == 0)
+
+
+@pytest.mark.parametrize(
+    ("bands", "rows", "message"),
+    [
+        (9, None, "bands=9 without the other: give both bands and rows, or neither"),
+        (None, 13, "rows=13 without the other"),
+        (0, 13, "bands must be a positive integer, got 0"),
+        (10, 13, "10 bands x 13 rows = 130 values need more than 128 permutations: lower"),
+    ],
+)
+def test_bad_banding_is_rejected_with_the_fix(bands, rows, message):
+    with pytest.raises(ValueError, match=message) as error:
+        find_near_duplicates(["a b c"], bands=bands, rows=rows)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=message):
+        NearDedup(bands=bands, rows=rows)

@@ -1,10 +1,13 @@
 """The step contract and the dedup steps: batching, stats, examples, decisions across shards."""
 
 import numpy as np
+import pytest
 
 from lmforge.data.documents import Document
+from lmforge.data.pipeline.config import load_pipeline_config
 from lmforge.data.pipeline.dedup_steps import ExactDedup, LineDedup, MinHashDedup
 from lmforge.data.pipeline.step import Filter, Transform
+from lmforge.errors import LmforgeError
 
 
 class KeepShort(Filter):
@@ -88,3 +91,31 @@ def test_minhash_dedup_finds_near_duplicates_across_shards_and_keeps_the_first()
     assert _run_global(step, shards) == [["d0", "d1", "d2"], ["d0", "d1", "d2"]]
     assert step.stats.removed == {"near_duplicate": 1}
     assert step.stats.counters["clusters"] == 1 and step.stats.counters["lsh_bands"] == 9
+
+
+def test_minhash_dedup_normalizes_and_takes_banding_from_its_config():
+    rng = np.random.default_rng(1)
+    base = " ".join(rng.choice([f"w{i}" for i in range(5000)], 300))
+    spaced = base.replace(" ", "\u00a0", 150)  # half the spaces no-break
+    shards = [_docs(base, spaced)]
+    step = MinHashDedup()
+    assert _run_global(step, shards) == [["d0"]]
+    raw = MinHashDedup(MinHashDedup.Config(normalize=False))
+    assert _run_global(raw, shards) == [["d0", "d1"]]  # "w1\u00a0w2" is one word
+    cfg = load_pipeline_config(
+        flags={"input": ["x"], "output": "y", "steps": ["minhash_dedup"]},
+        overrides=[
+            "minhash_dedup.bands=16",
+            "minhash_dedup.rows=8",
+            "minhash_dedup.normalization.strip_accents=false",
+        ],
+    )
+    c = cfg.step_config["minhash_dedup"]
+    assert (c.bands, c.rows, c.normalize, c.normalization.strip_accents) == (16, 8, True, False)
+    chosen = MinHashDedup(c)
+    assert _run_global(chosen, shards) == [["d0"]]
+    assert (chosen.stats.counters["lsh_bands"], chosen.stats.counters["lsh_rows"]) == (16, 8)
+    with pytest.raises(LmforgeError, match="minhash_dedup: bands=16 without the other"):
+        MinHashDedup(MinHashDedup.Config(bands=16)).setup()
+    with pytest.raises(LmforgeError, match="need more than 128 permutations"):
+        MinHashDedup(MinHashDedup.Config(bands=16, rows=9)).setup()

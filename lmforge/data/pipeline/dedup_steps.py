@@ -9,12 +9,13 @@ only move their keys and decisions between shards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lmforge.data.documents import Document
+from lmforge.data.normalize import TextNormalizer
 from lmforge.data.pipeline.step import Arrays, GlobalStep
 
 
@@ -48,7 +49,11 @@ class ExactDedup(GlobalStep):
 
 
 class MinHashDedup(GlobalStep):
-    """Near-duplicates: MinHash signatures, LSH candidates, true Jaccard, union-find clusters."""
+    """Near-duplicates: MinHash signatures, LSH candidates, true Jaccard, union-find clusters.
+
+    Shingles come from normalized text (`normalize.TextNormalizer`) unless `normalize = false`;
+    `[minhash_dedup.normalization]` turns single steps off (e.g. `strip_accents = false`).
+    """
 
     name = "minhash_dedup"
     batch_size = 1024
@@ -60,12 +65,43 @@ class MinHashDedup(GlobalStep):
         ngram: int = 5
         seed: int = 1
         verify: str = "jaccard"  # jaccard (true similarity), signature (estimate) or none
+        normalize: bool = True  # shingle normalized text (the steps below), or the raw text
+        normalization: TextNormalizer = field(default_factory=TextNormalizer)  # each step on/off
+        bands: int = 0  # LSH bands x rows (both, <= num_perm); 0 and 0: chosen for threshold
+        rows: int = 0
 
     def setup(self) -> None:
         from lmforge.data.minhash import MinHasher
 
         c = self.config
-        self.hasher = MinHasher(num_perm=c.num_perm, ngram=c.ngram, seed=c.seed)
+        self.index()  # a bad banding fails here, in every worker, before any hashing
+        self.hasher = MinHasher(
+            num_perm=c.num_perm,
+            ngram=c.ngram,
+            seed=c.seed,
+            normalize=c.normalization if c.normalize else None,
+        )
+
+    def index(self):
+        """The LSH index of the configured banding; LmforgeError naming the setting if invalid."""
+        from lmforge.data.lsh import LSHIndex
+        from lmforge.data.near_dedup import VERIFY_MODES
+        from lmforge.errors import LmforgeError
+
+        c = self.config
+        if c.verify not in VERIFY_MODES:
+            raise LmforgeError(
+                f"minhash_dedup.verify {c.verify!r} is unknown: use {', '.join(VERIFY_MODES)}"
+            )
+        try:
+            return LSHIndex(
+                threshold=c.threshold,
+                num_perm=c.num_perm,
+                bands=c.bands or None,
+                rows=c.rows or None,
+            )
+        except ValueError as e:
+            raise LmforgeError(f"minhash_dedup: {e} (0 and 0: automatic)") from e
 
     def keys(self, docs: list[Document]) -> list[Any]:
         from lmforge.data.near_dedup import sorted_set
@@ -93,11 +129,10 @@ class MinHashDedup(GlobalStep):
         return {"signatures": signatures, "shingles": shingles, "offsets": offsets}
 
     def decide(self, shards: list[Arrays]) -> list[Arrays]:
-        from lmforge.data.lsh import LSHIndex
         from lmforge.data.near_dedup import clusters_from_pairs, jaccard
 
         c = self.config
-        index = LSHIndex(threshold=c.threshold, num_perm=c.num_perm)
+        index = self.index()
         print(index.describe())
         sizes = [len(s["signatures"]) for s in shards]
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)

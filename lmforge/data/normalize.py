@@ -1,0 +1,118 @@
+"""Text normalization before near-duplicate shingling: copies that differ only in form match.
+
+    normalizer = TextNormalizer()                    # every step on (the near-dedup default)
+    normalizer("“Café”,\u00a0CAFÉ!")                 # -> "cafe cafe"
+    TextNormalizer(strip_accents=False)              # choose: keep accents, do the rest
+    resolve_normalizer(True | False | TextNormalizer(...)) -> TextNormalizer | None
+
+The steps, in order, each one a field that turns it off:
+
+- `nfkc`: Unicode NFKC, so compatibility forms meet their plain ones (ﬁ → fi, full-width Ａ → A,
+  ² → 2, no-break and other typographic spaces → space);
+- `casefold`: `str.casefold` (Unicode case-insensitive: ß → ss, Σ/ς → σ);
+- `strip_accents`: decompose and drop the combining diacritics of the Latin, Greek and Cyrillic
+  blocks (U+0300-036F and their supplements), so é → e, ñ → n; marks that carry meaning in
+  other scripts (Devanagari vowel signs, Hebrew and Arabic points) are left alone;
+- `punctuation`: every Unicode punctuation character (categories P*: , . ! ? “ ” ‘ ’ « » — – …)
+  becomes a space, so `word,` matches `word` and `end.Start` splits into two words;
+- `whitespace`: invisible format characters (soft hyphen, zero-width joiners, BOM) are dropped,
+  a zero-width space counts as a space, and every run of Unicode whitespace becomes one space.
+
+Symbols, digits and letters are kept. The result only feeds the shingler, never the output text.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import unicodedata
+from dataclasses import dataclass
+from typing import NamedTuple
+
+_COMBINING_DIACRITICS = re.compile(
+    "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]"
+)
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+_ASCII_PUNCTUATION = bytes(c for c in range(128) if unicodedata.category(chr(c))[0] == "P")
+_UPPER, _LOWER = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz"
+_ASCII_TABLES = {  # (casefold, punctuation) -> bytes.translate table
+    (True, True): bytes.maketrans(_UPPER + _ASCII_PUNCTUATION, _LOWER + b" " * 23),
+    (True, False): bytes.maketrans(_UPPER, _LOWER),
+    (False, True): bytes.maketrans(_ASCII_PUNCTUATION, b" " * 23),
+}
+
+
+@dataclass(frozen=True)
+class TextNormalizer:
+    """Maps text to the form near-duplicate shingles are taken from; each step can be turned off."""
+
+    nfkc: bool = True
+    casefold: bool = True
+    strip_accents: bool = True
+    punctuation: bool = True  # punctuation becomes a space
+    whitespace: bool = True  # format characters dropped, whitespace runs become one space
+
+    def __call__(self, text: str) -> str:
+        if text.isascii():  # nothing to compose or strip: one bytes.translate at most
+            table = _ASCII_TABLES.get((self.casefold, self.punctuation))
+            if table is not None:
+                text = text.encode("ascii").translate(table).decode("ascii")
+            return " ".join(text.split()) if self.whitespace else text
+        if self.nfkc:
+            text = unicodedata.normalize("NFKC", text)
+        if self.casefold:
+            text = text.casefold()
+        if self.strip_accents:
+            decomposed = unicodedata.normalize("NFD", text)
+            stripped = _COMBINING_DIACRITICS.sub("", decomposed)
+            if len(stripped) != len(decomposed):
+                text = unicodedata.normalize("NFC", stripped)
+        astral = _ASTRAL.search(text) is not None
+        patterns = _patterns()
+        if self.punctuation:
+            text = patterns.punctuation.sub(" ", text)
+            if astral:
+                text = patterns.astral_punctuation.sub(" ", text)
+        if self.whitespace:
+            text = patterns.format.sub("", text.replace("\u200b", " "))
+            if astral:
+                text = patterns.astral_format.sub("", text)
+            text = " ".join(text.split())
+        return text
+
+
+def resolve_normalizer(normalize: bool | TextNormalizer | None) -> TextNormalizer | None:
+    """True: every step (`TextNormalizer()`); False or None: none; a `TextNormalizer`: itself."""
+    if isinstance(normalize, TextNormalizer):
+        return normalize
+    if normalize is None or isinstance(normalize, bool):
+        return TextNormalizer() if normalize else None
+    raise TypeError(
+        f"normalize must be True, False or a TextNormalizer, got {normalize!r}: "
+        "pass TextNormalizer(strip_accents=False) etc. to choose steps"
+    )
+
+
+class _Patterns(NamedTuple):
+    punctuation: re.Pattern[str]
+    astral_punctuation: re.Pattern[str]
+    format: re.Pattern[str]  # all but the zero-width space, which counts as a space
+    astral_format: re.Pattern[str]
+
+
+@functools.cache
+def _patterns() -> _Patterns:
+    """Character classes of punctuation and of format characters, in the BMP and above it,
+    built on first use (about 0.5 s). A class of BMP characters compiles to one bitmap test per
+    character; one holding astral characters scans its ranges, so those are a second pass, run
+    only on text that has astral characters."""
+    classes: dict[tuple[bool, bool], list[str]] = {}
+    for c in range(sys.maxunicode + 1):
+        category = unicodedata.category(chr(c))
+        if category[0] == "P" or (category == "Cf" and c != 0x200B):
+            classes.setdefault((category[0] == "P", c > 0xFFFF), []).append(chr(c))
+    compiled = {key: re.compile(f"[{re.escape(''.join(chars))}]") for key, chars in classes.items()}
+    return _Patterns(
+        compiled[True, False], compiled[True, True], compiled[False, False], compiled[False, True]
+    )
