@@ -15,11 +15,20 @@ single-threaded, in interleaved repetitions:
   clusters by union-find over its (unverified) candidates.
 
 Recall and precision are over pairs of documents in one cluster against the planted groups.
+*ours* shingles the raw text, as datasketch does (the same shingles); *ours, normalized* is the
+default, `find_near_duplicates` with its text normalization (`lmforge.data.normalize`).
+
+Normalization recall: a planted corpus whose copies are of four kinds (`planted.KINDS`: word
+edits, and copies that differ only in punctuation, accents or no-break spaces), searched with
+normalization on and off (and by datasketch, which shingles raw text) at thresholds 0.3 and 0.8;
+recall per kind, precision over all pairs. Written to benchmarks/results/dedup_normalization.json.
+
 Exact dedup: whitespace normalization + hash, ours (`fast_text_hash`) against `normalize` + xxh64
 (the issue's reference) and + blake2b (the previous `text_hash`). Prints a table and writes
 benchmarks/results/dedup.json.
 
     .venv/bin/python benchmarks/bench_dedup.py [--reps 3] [--stdlib-mb 11] [--planted-bases 2000]
+    .venv/bin/python benchmarks/bench_dedup.py --normalization-only [--variant-bases 1000]
 """
 
 from __future__ import annotations
@@ -51,12 +60,15 @@ from lmforge.data.near_dedup import (  # noqa: E402
     clusters_from_pairs,
     find_near_duplicates,
 )
-from lmforge.data.planted import pair_scores, planted_corpus  # noqa: E402
+from lmforge.data.normalize import TextNormalizer  # noqa: E402
+from lmforge.data.planted import KINDS, pair_scores, planted_corpus  # noqa: E402
 
 NUM_PERM, NGRAM, SEED = 128, 5, 1
 STREAM_BATCH = 64
 TARGET_RATIO, TARGET_QUALITY, TARGET_EXACT_MBS = 3.0, 0.95, 300.0
 RESULTS = Path(__file__).parent / "results" / "dedup.json"
+NORMALIZATION_RESULTS = RESULTS.with_name("dedup_normalization.json")
+NORMALIZATION_THRESHOLDS = (0.3, 0.8)
 _CONTROLS_TO_SPACE = bytes(b if b > 32 else 32 for b in range(256))
 
 
@@ -96,11 +108,12 @@ def run_datasketch(texts: list[str], threshold: float) -> dict:
     }
 
 
-def run_ours(texts: list[str], threshold: float) -> dict:
+def run_ours(texts: list[str], threshold: float, normalize: bool = False) -> dict:
     t0 = time.perf_counter()
-    found = find_near_duplicates(texts, threshold, NUM_PERM, NGRAM, SEED)
+    found = find_near_duplicates(texts, threshold, NUM_PERM, NGRAM, SEED, normalize=normalize)
     total = time.perf_counter() - t0
-    hasher, index = MinHasher(NUM_PERM, NGRAM, SEED), LSHIndex(threshold, NUM_PERM)
+    hasher = MinHasher(NUM_PERM, NGRAM, SEED, normalize=TextNormalizer() if normalize else None)
+    index = LSHIndex(threshold, NUM_PERM)
     t0 = time.perf_counter()
     signatures = hasher.signatures(texts)
     t1 = time.perf_counter()
@@ -110,7 +123,7 @@ def run_ours(texts: list[str], threshold: float) -> dict:
         "signature_s": t1 - t0,
         "lsh_s": t2 - t1,
         "total_s": total,
-        "bands_rows": [index.bands, index.rows],
+        "bands_rows": [found.bands, found.rows],
         "candidate_pairs": found.candidate_pairs,
         "verified_pairs": found.verified_pairs,
         "clusters": found.clusters,
@@ -119,7 +132,7 @@ def run_ours(texts: list[str], threshold: float) -> dict:
 
 def run_stream(texts: list[str], threshold: float) -> dict:
     t0 = time.perf_counter()
-    dedup = NearDedup(threshold, NUM_PERM, NGRAM, SEED)
+    dedup = NearDedup(threshold, NUM_PERM, NGRAM, SEED, normalize=False)
     for lo in range(0, len(texts), STREAM_BATCH):
         dedup.add_batch(texts[lo : lo + STREAM_BATCH])
     total = time.perf_counter() - t0
@@ -178,7 +191,18 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each side")
     parser.add_argument("--stdlib-mb", type=float, default=11, help="0: the whole stdlib")
     parser.add_argument("--planted-bases", type=int, default=2000, help="base texts generated")
+    parser.add_argument("--variant-bases", type=int, default=1000, help="bases, recall by kind")
+    parser.add_argument(
+        "--normalization-only", action="store_true", help="only the normalization recall table"
+    )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
+
+    recall = normalization_recall(args.variant_bases)
+    report_normalization(recall)
+    write_normalization(recall, args)
+    if args.normalization_only:
+        return
 
     planted = planted_corpus(n_base=args.planted_bases, seed=0)
     corpora = {
@@ -188,10 +212,11 @@ def main() -> None:
     results: dict = {}
     for name, (texts, threshold, groups) in corpora.items():
         check_same_minhash(texts[:25])
-        runs = {"datasketch": [], "ours": [], "ours_stream": []}
+        runs = {"datasketch": [], "ours": [], "ours_normalized": [], "ours_stream": []}
         for _ in range(args.reps):  # interleaved, so all sides see the same machine load
             runs["datasketch"].append(run_datasketch(texts, threshold))
             runs["ours"].append(run_ours(texts, threshold))
+            runs["ours_normalized"].append(run_ours(texts, threshold, normalize=True))
             runs["ours_stream"].append(run_stream(texts, threshold))
         mb = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6
         entry: dict = {"documents": len(texts), "mb": mb, "threshold": threshold}
@@ -231,9 +256,9 @@ def main() -> None:
 def report(results: dict, exact: dict) -> None:
     print(f"near-duplicates, single thread, {NUM_PERM} permutations, word {NGRAM}-gram shingles")
     columns = ("docs/s", "MB/s", "shingle+sig s", "LSH s", "total s", "clusters", "prec.", "recall")
-    print(f"{'corpus':<9}{'side':<13}" + "".join(f"{c:>{len(c) + 2}}" for c in columns))
+    print(f"{'corpus':<9}{'side':<16}" + "".join(f"{c:>{len(c) + 2}}" for c in columns))
     for name, entry in results.items():
-        for side in ("datasketch", "ours", "ours_stream"):
+        for side in ("datasketch", "ours", "ours_normalized", "ours_stream"):
             r = entry[side]
             sig = r["signature_s"] + r.get("shingle_s", 0.0) if "signature_s" in r else None
             cells = (
@@ -248,7 +273,7 @@ def report(results: dict, exact: dict) -> None:
             )
             widths = (len(c) + 2 for c in columns)
             print(
-                f"{name:<9}{side:<13}"
+                f"{name:<9}{side:<16}"
                 + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
             )
         print(
@@ -273,8 +298,77 @@ def report(results: dict, exact: dict) -> None:
         )
 
 
+def normalization_recall(n_base: int) -> dict:
+    """Recall per kind of planted copy and overall precision, normalization on and off."""
+    corpus = planted_corpus(n_base=n_base, seed=0, kinds=KINDS)
+    out: dict = {
+        "documents": len(corpus.texts),
+        "groups": {kind: len(corpus.of_kind(kind)) for kind in KINDS},
+        "pairs": {kind: len(planted_pairs(corpus.of_kind(kind))) for kind in KINDS},
+        "runs": [],
+    }
+    for threshold in NORMALIZATION_THRESHOLDS:
+        sides = {
+            "datasketch (raw)": lambda t=threshold: run_datasketch(corpus.texts, t)["clusters"],
+            "ours, raw": lambda t=threshold: (
+                find_near_duplicates(
+                    corpus.texts, t, NUM_PERM, NGRAM, SEED, normalize=False
+                ).clusters
+            ),
+            "ours, normalized": lambda t=threshold: (
+                find_near_duplicates(corpus.texts, t, NUM_PERM, NGRAM, SEED).clusters
+            ),
+        }
+        for side, run in sides.items():
+            clusters = run()
+            recall = {kind: pair_scores(clusters, corpus.of_kind(kind))[1] for kind in KINDS}
+            precision, overall = pair_scores(clusters, corpus.groups)
+            out["runs"].append(
+                {
+                    "threshold": threshold,
+                    "side": side,
+                    "recall": {**recall, "all": overall},
+                    "precision": precision,
+                }
+            )
+    return out
+
+
+def planted_pairs(groups: list[list[int]]) -> set[tuple[int, int]]:
+    return {(a, b) for g in groups for i, a in enumerate(g) for b in g[i + 1 :]}
+
+
+def report_normalization(recall: dict) -> None:
+    print(
+        f"normalization recall: {recall['documents']} documents, planted groups per kind "
+        + ", ".join(f"{k} {n}" for k, n in recall["groups"].items())
+    )
+    kinds = (*KINDS, "all")
+    print(f"{'threshold':<11}{'side':<19}" + "".join(f"{k:>13}" for k in kinds) + f"{'prec.':>8}")
+    for run in recall["runs"]:
+        cells = "".join(f"{run['recall'][k]:>13.3f}" for k in kinds)
+        print(f"{run['threshold']:<11}{run['side']:<19}{cells}{run['precision']:>8.3f}")
+
+
+def write_normalization(recall: dict, args: argparse.Namespace) -> None:
+    NORMALIZATION_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    setup = {
+        "num_perm": NUM_PERM,
+        "ngram": NGRAM,
+        "seed": SEED,
+        "variant_bases": args.variant_bases,
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "datasketch": datasketch.__version__,
+    }
+    payload = {"benchmark": "dedup_normalization", "setup": setup, **recall}
+    NORMALIZATION_RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {NORMALIZATION_RESULTS}")
+
+
 def write(results: dict, exact: dict, args: argparse.Namespace) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
     setup = {
         "num_perm": NUM_PERM,
         "ngram": NGRAM,
@@ -290,8 +384,8 @@ def write(results: dict, exact: dict, args: argparse.Namespace) -> None:
         "xxhash": xxhash.VERSION,
     }
     payload = {"benchmark": "dedup", "setup": setup, "near_duplicates": results, "exact": exact}
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    args.results.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":
