@@ -22,7 +22,7 @@ from lmforge.parallel.layout import ParallelOptions, check_batch, check_model
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel
 from lmforge.parallel.world import World
 from lmforge.train.memory import apply_activation_checkpointing
-from lmforge.train.optim import fused_devices, param_groups
+from lmforge.train.optim import adamw_choice, param_groups
 
 if TYPE_CHECKING:
     from lmforge.train.loop import TrainConfig
@@ -70,9 +70,13 @@ def parallelize(
         for block in model.layers:
             block.compile()
     if layout.fsdp > 1 or (layout.dp > 1 and layout.tp > 1):
-        data_mesh = mesh["dp", "fsdp"] if layout.dp > 1 else mesh["fsdp"]
-        apply_fsdp(model, data_mesh, param_dtype, options.reshard_after_forward)
-        return model
+        return apply_fsdp(
+            model,
+            world.data_mesh,
+            units=model.layers,
+            param_dtype=param_dtype,
+            reshard_after_forward=options.reshard_after_forward,
+        )
     if layout.dp > 1:
         return apply_ddp(model, mesh["dp"], options.bucket_mb)
     return model
@@ -87,13 +91,14 @@ def build_parallel_optimizer(
     weight_decay: float,
     fused: bool,
 ) -> torch.optim.Optimizer:
-    """AdamW over the (possibly sharded) parameters: ZeRO-1 when asked, else PyTorch's AdamW,
-    which steps DTensor shards in place (lmforge's own AdamW mixes them with plain tensors)."""
-    fused = fused and world.device.type in fused_devices()
-    if options.zero1 and world.layout.dp > 1:
-        return build_zero1(model, world.mesh["dp"], lr, betas, weight_decay, fused)
+    """The AdamW one process would use (PyTorch's fused kernel when `fused` and the device has
+    it, else lmforge's; both step DTensor shards and skip a bad step on the device), over the
+    (possibly sharded) parameters; sharded itself by ZeRO-1 when asked."""
+    cls, extra = adamw_choice(world.device, fused)
     groups = param_groups(model, weight_decay)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
+    if options.zero1 and world.layout.dp > 1:
+        return build_zero1(groups, world.mesh["dp"], cls, lr=lr, betas=betas, **extra)
+    return cls(groups, lr=lr, betas=betas, **extra)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
 """The process group and device mesh of a run, set up from torchrun's environment.
 
 torchrun (or any launcher) sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; a
-run without them is a single process and gets no process group at all. Collectives time out
-after `timeout_s`, and a failed collective (a rank died, or hung past the timeout) becomes one
-clear LmforgeError on every surviving rank instead of a hang or a page of backend traces.
+run without them is a single process and gets no process group at all. A program that starts
+its own group (e.g. under torch.multiprocessing.spawn) gets its World from `World.from_group`.
+Collectives time out after `timeout_s`, and a failed collective (a rank died, or hung past the
+timeout) becomes one clear LmforgeError on every surviving rank instead of a hang or a page of
+backend traces.
 """
 
 from __future__ import annotations
@@ -29,9 +31,32 @@ class World:
     rank: int
     device: torch.device
 
+    @classmethod
+    def from_group(cls, parallel: str | Layout = "", device: torch.device | None = None) -> World:
+        """The World of the process group this process already joined (its own
+        `dist.init_process_group`, or torchrun's), its ranks laid out as `parallel` ("fsdp=2",
+        "dp=2,tp=2"; what the named degrees leave goes to dp). `device` defaults to the
+        current CUDA device on NCCL, else the CPU. A collective: every rank must call it."""
+        if not dist.is_initialized():
+            raise LmforgeError(
+                "World.from_group needs a process group: call dist.init_process_group first"
+            )
+        if not isinstance(parallel, Layout):
+            parallel = resolve_layout(parallel, dist.get_world_size())
+        if device is None:
+            device = _default_device()
+        mesh = init_device_mesh(device.type, parallel.sizes(), mesh_dim_names=DIMS)
+        return cls(parallel, mesh, dist.get_rank(), device)
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_mesh(self) -> DeviceMesh:
+        """The ranks that see different rows: dp × fsdp (HSDP's 2-D mesh) when dp > 1, else
+        fsdp; what `apply_fsdp` shards over."""
+        return self.mesh["dp", "fsdp"] if self.layout.dp > 1 else self.mesh["fsdp"]
 
     @property
     def data_rank(self) -> int:
@@ -39,6 +64,12 @@ class World:
         return (
             self.mesh["dp"].get_local_rank() * self.layout.fsdp + self.mesh["fsdp"].get_local_rank()
         )
+
+
+def _default_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def mean_over_data(value: torch.Tensor) -> torch.Tensor:
@@ -93,8 +124,7 @@ def distributed(parallel: str, device: torch.device, timeout_s: float) -> Iterat
     if owns_group:
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     try:
-        mesh = init_device_mesh(device.type, layout.sizes(), mesh_dim_names=DIMS)
-        yield World(layout, mesh, rank, device)
+        yield World.from_group(layout, device)
     except (dist.DistError, RuntimeError) as e:
         if isinstance(e, LmforgeError) or not _is_collective_failure(e):
             raise

@@ -2,9 +2,14 @@
 
 Also decides which parameters decay (matrices do; gains, biases and embeddings do not) and
 builds the optimizer a run uses: PyTorch's fused AdamW kernel where the device has one, else
-this one. Both follow PyTorch's protocol for skipping a step on the device: set
-`optimizer.found_inf` to a one-element float tensor (1.0: skip) before `step()`, and the step
-leaves parameters and state untouched when it is 1, without the host reading it.
+this one, in one process and on every parallel layout alike (this one steps DTensor shards,
+so FSDP and tensor parallelism use it too).
+
+Skipping a bad step follows PyTorch's protocol (torch.amp.GradScaler's): an optimizer whose
+`_step_supports_amp_scaling` is true (this one, PyTorch's fused kernels, ZeRO-1 over either)
+reads `optimizer.found_inf`, a one-element float tensor (1.0: skip), in `step()` and leaves
+parameters and state untouched when it is 1, without the host reading it. `step_unless` takes
+or skips a step on any optimizer: on the device where the optimizer can, else on the host.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from torch import nn
 
 
 class AdamW(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True  # honours found_inf and grad_scale, like fused kernels
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict],
@@ -35,32 +42,42 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         found_inf = getattr(self, "found_inf", None)
+        grad_scale = getattr(self, "grad_scale", None)
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                if not state:
+                if not state:  # like p: a DTensor for a sharded parameter (for DCP)
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                m, v = state["exp_avg"], state["exp_avg_sq"]
+                # Elementwise math on this rank's shard: plain tensors whatever the placement.
+                param, grad = _local(p), _local(p.grad)
+                m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                if grad_scale is not None:
+                    grad = grad / grad_scale.to(grad.device)
                 # Every change is multiplied by `ok`, so ok = 0 (found_inf) leaves all as it was.
                 if found_inf is None:
-                    ok = torch.ones((), device=p.device)
+                    ok = torch.ones((), device=param.device)
                 else:
-                    ok = 1.0 - found_inf.to(p.device, torch.float32)
-                grad = torch.where(ok > 0, p.grad, 0.0)
+                    ok = 1.0 - found_inf.to(param.device, torch.float32)
+                grad = torch.where(ok > 0, grad, 0.0)
                 state["step"] += ok
                 t = state["step"].clamp(min=1.0)
                 m.lerp_(grad, (1 - beta1) * ok)
                 v.mul_(1 - (1 - beta2) * ok).add_(grad * grad * (1 - beta2))
                 bias2 = torch.sqrt(1 - beta2**t)
                 step_size = lr * bias2 / (1 - beta1**t) * ok
-                p.mul_(1 - lr * group["weight_decay"] * ok)
-                p.sub_(m / v.sqrt().add_(eps * bias2) * step_size)
+                param.mul_(1 - lr * group["weight_decay"] * ok)
+                param.sub_(m / v.sqrt().add_(eps * bias2) * step_size)
         return loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (a view: writing it writes the DTensor), else `t`."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -77,6 +94,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def adamw_choice(device: torch.device, fused: bool = True) -> tuple[type, dict]:
+    """The AdamW class for `device` and its extra keyword arguments: PyTorch's fused kernel
+    where the device has one (when `fused`), else lmforge's."""
+    if fused and device.type in fused_devices():
+        return torch.optim.AdamW, {"fused": True}
+    return AdamW, {}
+
+
 def build_optimizer(
     model: nn.Module,
     lr: float,
@@ -84,12 +109,33 @@ def build_optimizer(
     weight_decay: float,
     fused: bool = True,
 ) -> torch.optim.Optimizer:
-    """PyTorch's fused AdamW on devices that have the kernel (when `fused`), else lmforge's."""
-    groups = param_groups(model, weight_decay)
+    """AdamW over `model`'s parameters (plain or DTensor shards), as `adamw_choice` picks it."""
     device = next(model.parameters()).device
-    if fused and device.type in fused_devices():
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
-    return AdamW(groups, lr=lr, betas=betas)
+    cls, extra = adamw_choice(device, fused)
+    return cls(param_groups(model, weight_decay), lr=lr, betas=betas, **extra)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` honours `optimizer.found_inf` (PyTorch's amp protocol)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def step_unless(optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> None:
+    """Step, or leave parameters and optimizer state untouched when `bad` (0-d bool) is true.
+
+    The same semantics for every optimizer: where it honours `found_inf` the device decides
+    and the host never waits; otherwise the host reads `bad` and skips `step()` itself (every
+    rank reads the same value: it comes from the synchronized gradients' norm).
+    """
+    if not skips_on_device(optimizer):
+        if not bool(bad):
+            optimizer.step()
+        return
+    optimizer.found_inf = bad.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # a later step() without a verdict is a plain step
 
 
 def fused_devices() -> list[str]:

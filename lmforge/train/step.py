@@ -13,6 +13,7 @@ from lmforge.train.clip import clip_grad_norm
 from lmforge.train.compose import Composed
 from lmforge.train.guard import NonFiniteGuard
 from lmforge.train.memory import count_saved_bytes
+from lmforge.train.optim import step_unless
 
 
 @dataclass
@@ -57,8 +58,7 @@ def train_step(
     grad_norm = clip_grad_norm(params, grad_clip)
     mean_loss = loss_sum / grad_accum_steps
     bad = guard.check(mean_loss, grad_norm)
-    optimizer.found_inf = bad.float()
-    optimizer.step()
+    step_unless(optimizer, bad)
     optimizer.zero_grad(set_to_none=True)
     precision.end_step(bad)
     model.weights_to_compute()

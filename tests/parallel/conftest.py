@@ -105,13 +105,18 @@ def launcher(prepared):
     return Launcher(prepared.shard_dir)
 
 
-REFERENCES = {"fp32": {}, "accum": {"grad_accum_steps": 2}, "bf16": {"precision": "bf16"}}
+REFERENCES = {
+    "fp32": {},
+    "accum": {"grad_accum_steps": 2},
+    "bf16": {"precision": "bf16"},
+    "unfused": {"fused_adamw": False},
+}
 
 
 @pytest.fixture(scope="session")
 def references(launcher, tmp_path_factory):
     """Single-process runs the parallel ones must reproduce: fp32, fp32 with 2 micro-batches
-    of gradient accumulation, bf16 autocast."""
+    of gradient accumulation, bf16 autocast, and fp32 with lmforge's AdamW (fused_adamw=false)."""
     root = tmp_path_factory.mktemp("reference")
     for name, overrides in REFERENCES.items():
         launcher.single(root / name, **overrides)

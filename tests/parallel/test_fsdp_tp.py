@@ -1,4 +1,5 @@
-"""Four processes: FSDP × TP, DP × TP and DP × FSDP (HSDP) train like one process; a dead rank
+"""Four processes: FSDP × TP, DP × TP and DP × FSDP (HSDP) train like one process, with
+`train.fused_adamw` on and off (against one process with the same optimizer); a dead rank
 makes the survivors stop with a clear error instead of hanging.
 
 Tolerance as for the other fp32 strategies: loss to 1e-4, weights as `Launcher.assert_same_weights`.
@@ -12,6 +13,8 @@ from lmforge.train.checkpoint import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
 LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2", "hsdp": "dp=2,fsdp=2"}
+FUSED = {"": True, "_unfused": False}  # train.fused_adamw: PyTorch's fused AdamW, or lmforge's
+RUNS = {k + suffix: (v, fused) for k, v in LAYOUTS.items() for suffix, fused in FUSED.items()}
 
 
 def losses(out) -> list[float]:
@@ -26,15 +29,18 @@ def weights(out) -> dict[str, torch.Tensor]:
 def group(launcher, tmp_path_factory):
     root = tmp_path_factory.mktemp("group4")
     train = {**launcher.train, "collective_timeout_s": 20.0}
-    runs = [{"out": str(root / k), "train": {**train, "parallel": v}} for k, v in LAYOUTS.items()]
+    runs = [
+        {"out": str(root / k), "train": {**train, "parallel": v, "fused_adamw": fused}}
+        for k, (v, fused) in RUNS.items()
+    ]
     runs.append({"out": str(root / "dead_rank"), "train": train, "die": True})
     procs, outputs = launcher.spawn(4, runs, root)
     return root, [p.returncode for p in procs], outputs
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", RUNS)
 def test_two_dimensional_layout_matches_single_process(name, group, references, launcher):
-    reference = references / "fp32"
+    reference = references / ("fp32" if RUNS[name][1] else "unfused")
     root, _, outputs = group
     assert (root / name / "metrics.jsonl").exists(), outputs[0][-3000:]
     assert losses(root / name) == pytest.approx(losses(reference), abs=1e-4)

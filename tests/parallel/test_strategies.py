@@ -1,13 +1,14 @@
 """Every parallel strategy trains like one process on the same global batch.
 
 One spawned group of 2 gloo processes runs all strategies in turn (start-up paid once); the
-reference runs train in this process. Tolerances: fp32 strategies match the single-process
-loss to 1e-4 (metrics keep 5 decimals) and the final weights to rtol 1e-4 / atol 1e-5, but for
-at most 0.1 % of a tensor's elements, which Adam may move by up to 2·lr per step (see
-`Launcher.assert_same_weights`); only the order of floating-point sums differs. FSDP's bf16
-policy (bf16 weights in the forward, where the reference autocasts fp32 weights) matches the
-loss to 2e-3; its weights differ from the reference as much as bf16 autocast's differ from
-fp32: mean |Δ| ≤ 2e-4 and max |Δ| ≤ 2e-2 per tensor.
+reference runs train in this process. Each layout trains with `train.fused_adamw` on and off
+(PyTorch's fused AdamW, or lmforge's), against one process with the same optimizer. Tolerances: fp32
+strategies match the single-process loss to 1e-4 (metrics keep 5 decimals) and the final weights to
+rtol 1e-4 / atol 1e-5, but for at most 0.1 % of a tensor's elements, which Adam may move by up to
+2·lr per step (see `Launcher.assert_same_weights`); only the order of floating-point sums differs.
+FSDP's bf16 policy (bf16 weights in the forward, where the reference autocasts fp32 weights) matches
+the loss to 2e-3; its weights differ from the reference as much as bf16 autocast's differ from fp32:
+mean |Δ| ≤ 2e-4 and max |Δ| ≤ 2e-2 per tensor.
 """
 
 import shutil
@@ -34,6 +35,14 @@ STRATEGIES = {  # name: (train.* of the 2-process run, reference, tolerance)
     "tp": ({"parallel": "tp=2", "sequence_parallel": False}, "fp32", "fp32"),
     "tp_sp": ({"parallel": "tp=2", "sequence_parallel": True}, "fp32", "fp32"),
 }
+# Each layout again with lmforge's AdamW instead of PyTorch's fused kernel, against one process
+# with the same optimizer.
+STRATEGIES.update(
+    {
+        f"{name}_unfused": ({**STRATEGIES[name][0], "fused_adamw": False}, "unfused", "fp32")
+        for name in ("ddp", "zero1", "fsdp", "tp")
+    }
+)
 
 
 def losses(out) -> list[float]:
@@ -47,7 +56,8 @@ def weights(out) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def group(launcher, tmp_path_factory):
     """All 2-process runs, in one group: the strategies, then a checkpoint at fsdp=2 (2 steps)
-    resumed at tp=2 (to 4 steps), and a ZeRO-1 checkpoint resumed at the same layout."""
+    resumed at tp=2 (to 4 steps), with fused AdamW and with lmforge's, and a ZeRO-1
+    checkpoint resumed at the same layout."""
     root = tmp_path_factory.mktemp("group2")
     base = launcher.train
     runs = [
@@ -56,6 +66,9 @@ def group(launcher, tmp_path_factory):
     half = {**base, "parallel": "fsdp=2", "max_steps": 2}
     runs.append({"out": str(root / "resharded"), "train": half})
     runs.append({"out": str(root / "resharded"), "train": {**base, "parallel": "tp=2"}})
+    unfused = {**base, "fused_adamw": False}
+    runs.append({"out": str(root / "resharded_unfused"), "train": {**half, **unfused}})
+    runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, "parallel": "tp=2"}})
     zero1 = {**base, "parallel": "dp=2", "zero1": True}
     runs.append({"out": str(root / "zero1_resumed"), "train": {**zero1, "max_steps": 2}})
     runs.append({"out": str(root / "zero1_resumed"), "train": zero1})
@@ -93,11 +106,16 @@ def test_communication_is_logged_per_strategy(group):
     assert all(r["comm_bytes_per_step"] > 0 for r in by_strategy.values())
 
 
-@pytest.mark.parametrize("name", ["resharded", "zero1_resumed"])
+RESUMED = {"resharded": "fp32", "resharded_unfused": "unfused", "zero1_resumed": "fp32"}
+
+
+@pytest.mark.parametrize("name", RESUMED)
 def test_checkpoint_resumed_continues_the_run(name, group, references, launcher):
-    """fsdp=2 → tp=2 (resharded by DCP), and ZeRO-1's per-rank optimizer state at dp=2."""
-    assert losses(group / name) == pytest.approx(losses(references / "fp32"), abs=1e-4)
-    launcher.assert_same_weights(weights(group / name), weights(references / "fp32"))
+    """fsdp=2 → tp=2 (resharded by DCP; lmforge's AdamW state as well as PyTorch's), and
+    ZeRO-1's per-rank optimizer state at dp=2."""
+    reference = references / RESUMED[name]
+    assert losses(group / name) == pytest.approx(losses(reference), abs=1e-4)
+    launcher.assert_same_weights(weights(group / name), weights(reference))
 
 
 def test_checkpoint_from_fsdp_resumes_in_one_process(group, references, launcher, tmp_path):

@@ -129,3 +129,51 @@ def test_found_inf_skips_the_step_on_the_device(fused):
     opt.found_inf = torch.zeros(())
     opt.step()
     assert not torch.equal(next(model.parameters()), before[0])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-foreach", "torch-fused"])
+def test_step_unless_skips_a_bad_step_on_any_optimizer(fused):
+    """PyTorch's non-fused AdamW rejects found_inf: step_unless skips on the host instead."""
+    from lmforge.train.optim import skips_on_device, step_unless
+
+    model = nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused or None)
+    assert skips_on_device(opt) == fused
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    step_unless(opt, torch.tensor(True))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert not hasattr(opt, "found_inf")  # no verdict is left for a later plain step()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    step_unless(opt, torch.tensor(False))
+    assert not torch.equal(model.weight, before[0])
+
+
+def test_adamw_unscales_under_torch_grad_scaler_like_the_fused_kernel():
+    """lmforge's AdamW declares PyTorch's amp protocol, so it must honour grad_scale too: under
+    torch.amp.GradScaler it trains like the fused kernel under it, and like itself unscaled
+    (eps is large, so a step that ignored the 1024× scale would differ)."""
+    kwargs = dict(lr=0.1, eps=0.5)
+    models = [nn.Linear(4, 3) for _ in range(3)]
+    initial = {k: v.clone() for k, v in models[0].state_dict().items()}
+    for model in models[1:]:
+        model.load_state_dict(initial)
+    opts = [
+        AdamW(models[0].parameters(), **kwargs),
+        torch.optim.AdamW(models[1].parameters(), fused=True, **kwargs),
+        AdamW(models[2].parameters(), **kwargs),
+    ]
+    x = torch.randn(8, 4)
+    for i, (model, opt) in enumerate(zip(models, opts, strict=True)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=i < 2)
+        for _ in range(3):
+            scaler.scale(model(x).square().mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    for a, b, c in zip(*(m.parameters() for m in models), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(models[0].weight, initial["weight"])
