@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import unicodedata
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -68,16 +67,16 @@ class TextNormalizer:
             stripped = _COMBINING_DIACRITICS.sub("", decomposed)
             if len(stripped) != len(decomposed):
                 text = unicodedata.normalize("NFC", stripped)
-        astral = _ASTRAL.search(text) is not None
         patterns = _patterns()
-        if self.punctuation:
-            text = patterns.punctuation.sub(" ", text)
-            if astral:
-                text = patterns.astral_punctuation.sub(" ", text)
+        if self.punctuation:  # ASCII marks by bytes.translate (UTF-8 keeps ASCII bytes as is)
+            data = text.encode("utf-8", "surrogatepass").translate(_ASCII_TABLES[False, True])
+            text = patterns.punctuation.sub(" ", data.decode("utf-8", "surrogatepass"))
         if self.whitespace:
             text = patterns.format.sub("", text.replace("\u200b", " "))
-            if astral:
-                text = patterns.astral_format.sub("", text)
+        if (self.punctuation or self.whitespace) and _ASTRAL.search(text):
+            flags = (self.punctuation, self.whitespace)
+            text = _ASTRAL.sub(lambda m: _astral(m.group(), *flags), text)
+        if self.whitespace:
             text = " ".join(text.split())
         return text
 
@@ -95,24 +94,30 @@ def resolve_normalizer(normalize: bool | TextNormalizer | None) -> TextNormalize
 
 
 class _Patterns(NamedTuple):
-    punctuation: re.Pattern[str]
-    astral_punctuation: re.Pattern[str]
-    format: re.Pattern[str]  # all but the zero-width space, which counts as a space
-    astral_format: re.Pattern[str]
+    punctuation: re.Pattern[str]  # non-ASCII, in the BMP
+    format: re.Pattern[str]  # in the BMP, all but the zero-width space (which counts as a space)
 
 
 @functools.cache
 def _patterns() -> _Patterns:
-    """Character classes of punctuation and of format characters, in the BMP and above it,
-    built on first use (about 0.5 s). A class of BMP characters compiles to one bitmap test per
-    character; one holding astral characters scans its ranges, so those are a second pass, run
-    only on text that has astral characters."""
-    classes: dict[tuple[bool, bool], list[str]] = {}
-    for c in range(sys.maxunicode + 1):
+    """Character classes of non-ASCII punctuation and of format characters in the BMP, built on
+    first use (about 0.5 s). A class of BMP characters compiles to one bitmap test per character;
+    one holding astral characters would scan its ranges, so those are looked up one by one."""
+    classes: dict[bool, list[str]] = {True: [], False: []}
+    for c in range(0x80, 0x10000):
         category = unicodedata.category(chr(c))
         if category[0] == "P" or (category == "Cf" and c != 0x200B):
-            classes.setdefault((category[0] == "P", c > 0xFFFF), []).append(chr(c))
-    compiled = {key: re.compile(f"[{re.escape(''.join(chars))}]") for key, chars in classes.items()}
+            classes[category[0] == "P"].append(chr(c))
+    punctuation, format_chars = ("".join(classes[key]) for key in (True, False))
     return _Patterns(
-        compiled[True, False], compiled[True, True], compiled[False, False], compiled[False, True]
+        re.compile(f"[{re.escape(punctuation)}]"), re.compile(f"[{re.escape(format_chars)}]")
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _astral(char: str, punctuation: bool, whitespace: bool) -> str:
+    """What an astral character becomes: a space (punctuation), nothing (format) or itself."""
+    category = unicodedata.category(char)
+    if punctuation and category[0] == "P":
+        return " "
+    return "" if whitespace and category == "Cf" else char
