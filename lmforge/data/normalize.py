@@ -101,7 +101,7 @@ class _Patterns(NamedTuple):
 @functools.cache
 def _patterns() -> _Patterns:
     """Character classes of non-ASCII punctuation and of format characters in the BMP, built on
-    first use (about 0.5 s). A class of BMP characters compiles to one bitmap test per character;
+    first use (about 0.2 s). A class of BMP characters compiles to one bitmap test per character;
     one holding astral characters would scan its ranges, so those are looked up one by one."""
     classes: dict[bool, list[str]] = {True: [], False: []}
     for c in range(0x80, 0x10000):
