@@ -26,6 +26,9 @@ from lmforge.parallel.layout import DIMS, Layout, resolve_layout
 
 @dataclass
 class World:
+    """Where this process stands in a run: the layout, the device mesh over every rank (dims
+    dp, fsdp, tp), this rank and the device it computes on."""
+
     layout: Layout
     mesh: DeviceMesh
     rank: int
@@ -43,6 +46,11 @@ class World:
             )
         if not isinstance(parallel, Layout):
             parallel = resolve_layout(parallel, dist.get_world_size())
+        elif parallel.world_size != dist.get_world_size():
+            raise LmforgeError(
+                f"layout {parallel} needs {parallel.world_size} processes but the group has "
+                f"{dist.get_world_size()}"
+            )
         if device is None:
             device = _default_device()
         mesh = init_device_mesh(device.type, parallel.sizes(), mesh_dim_names=DIMS)

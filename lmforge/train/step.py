@@ -1,5 +1,6 @@
 """One optimizer step: forward and backward over the micro-batches, then unscale, clip, and
-take or skip the update, all without the host waiting for the device."""
+take or skip the update, all without the host waiting for the device (with lmforge's optimizers;
+one that cannot skip on the device makes the host read the verdict, see `optim.step_unless`)."""
 
 from __future__ import annotations
 

@@ -54,3 +54,21 @@ def test_step_unless_skips_a_bad_step_for_any_optimizer(results):
     before, skipped, stepped = got["zero1"], got["zero1_after_skip"], got["zero1_after_step"]
     assert all(torch.equal(before[k], skipped[k]) for k in before)
     assert not all(torch.equal(before[k], stepped[k]) for k in before)
+
+
+def test_library_names_import_lazily_from_the_package():
+    import lmforge.parallel as parallel
+    from lmforge.parallel.data_parallel import build_zero1
+    from lmforge.parallel.world import World
+
+    assert parallel.World is World and parallel.build_zero1 is build_zero1
+    with pytest.raises(AttributeError):
+        parallel.no_such_name  # noqa: B018
+
+
+def test_world_from_group_needs_a_group_the_user_started():
+    from lmforge.errors import LmforgeError
+    from lmforge.parallel import World
+
+    with pytest.raises(LmforgeError, match="call dist.init_process_group first"):
+        World.from_group("fsdp=2")
