@@ -16,7 +16,7 @@ single-threaded, in interleaved repetitions:
 
 Recall and precision are over pairs of documents in one cluster against the planted groups.
 *ours* shingles the raw text, as datasketch does (the same shingles); *ours, normalized* is the
-default, `find_near_duplicates` with its text normalization (`lmforge.data.normalize`).
+default, `find_near_duplicates` with its text normalization (`lmforge.data.shingle_text`).
 
 Normalization recall: a planted corpus whose copies are of four kinds (`planted.KINDS`: word
 edits, and copies that differ only in punctuation, accents or no-break spaces), searched with
@@ -60,8 +60,8 @@ from lmforge.data.near_dedup import (  # noqa: E402
     clusters_from_pairs,
     find_near_duplicates,
 )
-from lmforge.data.normalize import TextNormalizer  # noqa: E402
 from lmforge.data.planted import KINDS, pair_scores, planted_corpus  # noqa: E402
+from lmforge.data.shingle_text import TextNormalizer  # noqa: E402
 
 NUM_PERM, NGRAM, SEED = 128, 5, 1
 STREAM_BATCH = 64

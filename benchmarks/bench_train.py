@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.data.documents import stdlib_root
+from lmforge.device.peak import measure_matmul_flops
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train.compose import compose
 from lmforge.train.guard import NonFiniteGuard
-from lmforge.device.peak import measure_matmul_flops
 from lmforge.train.optim import build_optimizer
 from lmforge.train.precision import make_precision
 from lmforge.train.schedule import lr_at

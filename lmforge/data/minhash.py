@@ -13,7 +13,7 @@ then permutation k maps h to `a[k] * h + b[k] mod 2^32` (odd `a`, so a bijection
 signature is the minimum per permutation. Fed the same 32-bit shingle hashes, datasketch's
 `MinHash(num_perm, seed).update_batch` gives the same signature bit for bit.
 
-With a `normalize` function (`lmforge.data.normalize.TextNormalizer`, on by default in
+With a `normalize` function (`lmforge.data.shingle_text.TextNormalizer`, on by default in
 `near_dedup` and the `minhash_dedup` step, off here) each text is normalized before shingling,
 so copies that differ only in punctuation, accents, case or kinds of space get the same shingles.
 

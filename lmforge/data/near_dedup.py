@@ -14,7 +14,7 @@ Streaming, one text (or batch) at a time, e.g. inside a pipeline step:
     dedup.add_batch(texts) -> np.ndarray  # the same decisions, signatures computed at once
     dedup.matches                         # [(later, earlier), ...] in arrival numbering
 
-Texts are normalized before shingling (`normalize=True`: `lmforge.data.normalize.TextNormalizer`,
+Texts are normalized before shingling (`normalize=True`: `lmforge.data.shingle_text.TextNormalizer`,
 NFKC, case-folding, accents stripped, punctuation dropped, all Unicode whitespace collapsed), so a
 copy that differs only in punctuation, accents or no-break spaces is found; `normalize=False`
 shingles the raw text, `normalize=TextNormalizer(strip_accents=False)` chooses steps. The LSH
@@ -43,7 +43,7 @@ import numpy as np
 
 from lmforge.data.lsh import LSHIndex
 from lmforge.data.minhash import EMPTY, MinHasher
-from lmforge.data.normalize import TextNormalizer, resolve_normalizer
+from lmforge.data.shingle_text import TextNormalizer, resolve_normalizer
 
 VERIFY_MODES = ("jaccard", "signature", "none")
 

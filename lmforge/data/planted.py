@@ -20,7 +20,7 @@ a dozen words. A fraction of the bases get 1-3 copies, all of one kind drawn fro
 
 The last three differ only in form: the raw texts share almost no word 5-grams with their base
 (Jaccard below 0.1, as `lmforge.data.hashing` splits words on ASCII whitespace only), the
-normalized ones (`lmforge.data.normalize`) are identical to it. Texts are shuffled; `groups`
+normalized ones (`lmforge.data.shingle_text`) are identical to it. Texts are shuffled; `groups`
 lists the indices of each base with its copies and `kinds` the kind of each group's copies.
 """
 

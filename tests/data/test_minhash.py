@@ -3,7 +3,7 @@ import pytest
 
 from lmforge.data.hashing import encode, fmix32, ngram_hashes, word_hashes
 from lmforge.data.minhash import EMPTY, MinHasher, permutations
-from lmforge.data.normalize import TextNormalizer
+from lmforge.data.shingle_text import TextNormalizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.\nThe QUICK brown fox!",

@@ -8,8 +8,8 @@ from lmforge.data.near_dedup import (
     jaccard,
     near_duplicate_clusters,
 )
-from lmforge.data.normalize import TextNormalizer
 from lmforge.data.planted import KINDS, pair_scores, planted_corpus
+from lmforge.data.shingle_text import TextNormalizer
 
 
 @pytest.fixture(scope="module")

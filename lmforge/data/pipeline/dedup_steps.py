@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from lmforge.data.documents import Document
-from lmforge.data.normalize import TextNormalizer
 from lmforge.data.pipeline.step import Arrays, GlobalStep
+from lmforge.data.shingle_text import TextNormalizer
 
 
 class ExactDedup(GlobalStep):

@@ -4,7 +4,7 @@ import unicodedata
 
 import pytest
 
-from lmforge.data.normalize import TextNormalizer, resolve_normalizer
+from lmforge.data.shingle_text import TextNormalizer, resolve_normalizer
 
 ALL = TextNormalizer()
 
