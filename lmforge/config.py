@@ -19,6 +19,7 @@ from typing import Any
 
 import tomli_w
 
+from lmforge.config_ranges import check_ranges
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
 from lmforge.prepare import DataConfig, TokenizerConfig
@@ -39,9 +40,31 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> None:
-        """Refuse bad settings before any work starts (data preparation takes a while)."""
+        """Refuse bad settings before any work starts (data preparation takes a while) and
+        before a run folder is claimed: value ranges, the device, the data path."""
+        from lmforge.device.choice import pick_device
+
+        check_ranges(self)
         self.model.validate()
         self.train.validate()
+        if self.train.seq_len > self.model.max_seq_len:
+            raise LmforgeError(
+                f"train.seq_len {self.train.seq_len} exceeds model.max_seq_len "
+                f"{self.model.max_seq_len}: lower train.seq_len or raise model.max_seq_len"
+            )
+        specials = len(set(self.tokenizer.special_tokens))
+        if self.tokenizer.vocab_size < 256 + specials:
+            raise LmforgeError(
+                f"tokenizer.vocab_size {self.tokenizer.vocab_size} is below 256 bytes + "
+                f"{specials} special tokens: raise it to at least {256 + specials}"
+            )
+        pick_device(self.train.device)
+        path = self.data.path
+        if path and path != "stdlib" and not path.startswith("hf:") and not Path(path).exists():
+            raise LmforgeError(
+                f"data path {path} does not exist: pass an existing file or folder to --data "
+                "(or data.path)"
+            )
 
 
 def tiny() -> RunConfig:
@@ -219,6 +242,7 @@ def load_config(
         cfg = apply_dict(cfg, read_toml(path), source=str(path))
     for item in overrides:
         cfg = apply_override(cfg, item)
+    check_ranges(cfg)
     return cfg
 
 
@@ -286,20 +310,86 @@ def config_text(cfg: RunConfig) -> str:
     return tomli_w.dumps(_drop_none(to_dict(cfg)))
 
 
+RUN_ENTRIES = ("config.toml", "data", "tokenizer", "tokens", "checkpoints", "metrics.jsonl")
+"""What a run folder holds before its report (plots/ and report.md come last)."""
+
+
 def claim_run_dir(cfg: RunConfig, out: str | Path, fresh: bool) -> None:
-    """Start over (`fresh`), resume a run of the same config, or refuse to mix two configs."""
+    """Start over (`fresh`), resume a run of the same config, or refuse to mix two configs.
+
+    A folder whose run stopped before any stage finished (nothing but its config and partial
+    work) is taken over by the new config: there is nothing in it to keep or to mix.
+    """
     out = Path(out)
     config_path = out / "config.toml"
     if fresh and out.exists():
         shutil.rmtree(out)
     if config_path.exists():
-        if config_path.read_text() != config_text(cfg):
+        saved = config_path.read_text()
+        if saved == config_text(cfg):
+            print(f"resuming the run in {out}")
+        elif _nothing_finished(out):
+            print(f"{out}: its earlier run finished no stage; starting over with this config")
+            for name in RUN_ENTRIES:
+                entry = out / name
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                elif entry.exists():
+                    entry.unlink()
+        else:
             raise LmforgeError(
-                f"{out} holds a run with another config: pass --fresh to start over there, "
-                "or --out for a new run folder"
+                f"{out} holds a run with another config ({config_diff(saved, cfg)}): pass "
+                "--fresh to start over there, or --out for a new run folder"
             )
-        print(f"resuming the run in {out}")
     save_toml(cfg, config_path)
+
+
+def config_diff(saved_toml: str, cfg: RunConfig, limit: int = 4) -> str:
+    """The settings that differ between a saved config.toml and `cfg`: `key: old → new, ...`."""
+    try:
+        old = _flat(tomllib.loads(saved_toml))
+    except tomllib.TOMLDecodeError:
+        return "its config.toml is not valid TOML"
+    new = _flat(_drop_none(to_dict(cfg)))
+    keys = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    shown = [f"{k}: {_show(old.get(k))} → {_show(new.get(k))}" for k in keys[:limit]]
+    if len(keys) > limit:
+        shown.append(f"and {len(keys) - limit} more")
+    return ", ".join(shown) or "written differently"
+
+
+def _nothing_finished(out: Path) -> bool:
+    """Whether `out` is a run folder in which no stage finished (only config and partial work;
+    names it does not know, and hidden temporary ones, are left alone by refusing)."""
+    from lmforge.train.checkpoint import list_checkpoints
+
+    entries = {e.name for e in out.iterdir() if not e.name.startswith(".")}
+    if not entries <= set(RUN_ENTRIES):
+        return False
+    finished = (
+        (out / "data" / "stats.json").exists()
+        or (out / "tokenizer").exists()
+        or (out / "tokens" / "meta.json").exists()
+        or bool(list_checkpoints(out / "checkpoints"))
+        or (out / "metrics.jsonl").exists()
+    )
+    return not finished
+
+
+def _flat(obj: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(default)"
+    return repr(value) if isinstance(value, str) and (not value or " " in value) else str(value)
 
 
 def _section(cfg: RunConfig, key: str, source: str) -> Any:

@@ -81,9 +81,68 @@ def test_run_dir_refuses_another_config_unless_fresh(tmp_path):
     (run / "keep.txt").write_text("x")
     claim_run_dir(preset("tiny"), run, fresh=False)  # same config: resume
     other = apply_override(preset("tiny"), "train.lr=0.5")
-    with pytest.raises(LmforgeError, match="another config: pass --fresh"):
+    with pytest.raises(
+        LmforgeError, match=r"another config \(train.lr: 0.003 → 0.5\): pass --fresh"
+    ):
         claim_run_dir(other, run, fresh=False)
     assert (run / "keep.txt").exists()  # nothing destroyed by the refusal
     claim_run_dir(other, run, fresh=True)
     assert not (run / "keep.txt").exists()
     assert (run / "config.toml").read_text() == config_text(other)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.lr=-1", "train.lr is -1.0: it must be above 0"),
+        ("train.lr=nan", "train.lr is nan: it must be above 0"),
+        ("train.warmup_steps=-5", "train.warmup_steps is -5: it must be at least 0"),
+        ("train.max_steps=-1", "train.max_steps is -1: it must be at least 0"),
+        ("train.beta2=1.0", r"train.beta2 is 1.0: it must be in \[0, 1\)"),
+        ("train.min_lr_ratio=1.5", r"train.min_lr_ratio is 1.5: it must be in \[0, 1\]"),
+        ("train.batch_size=0", "train.batch_size is 0: it must be at least 1"),
+        ("data.val_fraction=1", r"data.val_fraction is 1.0: it must be in \[0, 1\)"),
+        ("model.d_model=-64", "model.d_model is -64: it must be at least 1"),
+        ("model.norm_eps=0", "model.norm_eps is 0.0: it must be above 0"),
+        ("tokenizer.vocab_size=100", "tokenizer.vocab_size is 100: it must be at least 256"),
+    ],
+)
+def test_out_of_range_values_are_refused_when_the_config_loads(override, message):
+    with pytest.raises(LmforgeError, match=message):
+        load_config("tiny", None, [override])
+
+
+def test_validate_checks_data_path_device_and_context_before_any_work(tmp_path):
+    with pytest.raises(LmforgeError, match="data path /no/such/corpus does not exist"):
+        apply_override(preset("tiny"), "data.path=/no/such/corpus").validate()
+    with pytest.raises(LmforgeError, match="unknown device 'tpu': use cpu, cuda, cuda:N, mps"):
+        apply_override(preset("tiny"), "train.device=tpu").validate()
+    with pytest.raises(LmforgeError, match="train.seq_len 128 exceeds model.max_seq_len 64"):
+        apply_override(preset("tiny"), "train.seq_len=128").validate()
+    for path in ("stdlib", str(tmp_path)):
+        apply_override(preset("tiny"), f"data.path={path!r}").validate()
+
+
+def test_run_dir_refusal_names_every_key_that_differs(tmp_path):
+    run = tmp_path / "run"
+    claim_run_dir(apply_override(preset("tiny"), "data.path='a'"), run, fresh=False)
+    (run / "metrics.jsonl").write_text("")  # a stage ran: the folder holds a run
+    other = apply_override(apply_override(preset("tiny"), "data.path='b'"), "train.lr=0.5")
+    with pytest.raises(LmforgeError) as refused:
+        claim_run_dir(other, run, fresh=False)
+    assert "another config (data.path: a → b, train.lr: 0.003 → 0.5)" in str(refused.value)
+
+
+def test_a_run_that_finished_no_stage_gives_way_to_the_corrected_config(tmp_path, capsys):
+    run = tmp_path / "run"
+    claim_run_dir(apply_override(preset("tiny"), "data.path='wrong'"), run, fresh=False)
+    (run / "data" / "pipeline").mkdir(parents=True)  # partial work of the failed run
+    (run / "data" / "pipeline" / "shard_00000.jsonl").write_text("{}\n")
+    fixed = apply_override(preset("tiny"), "data.path='right'")
+    claim_run_dir(fixed, run, fresh=False)
+    assert (run / "config.toml").read_text() == config_text(fixed)
+    assert not (run / "data").exists()
+    assert "finished no stage" in capsys.readouterr().out
+    (run / "notes.txt").write_text("mine")  # a folder with files lmforge did not write is kept
+    with pytest.raises(LmforgeError, match="another config"):
+        claim_run_dir(preset("tiny"), run, fresh=False)

@@ -107,12 +107,14 @@ def decode_dtype(saved: torch.dtype, device: torch.device | str) -> torch.dtype:
 
 
 def load_for_decode(checkpoint: str | Path, device: torch.device | str = "cpu"):
-    """`(model, tokenizer)` of a checkpoint (as train.checkpoint.load_checkpoint), in the dtype
-    `decode_dtype` picks for it on `device`."""
+    """`(model, tokenizer)` of a checkpoint through train.checkpoint.load_checkpoint (which
+    checks the device and the folder, with one-line errors), in the dtype `decode_dtype` picks
+    for it on `device`."""
     from lmforge.train.checkpoint import load_checkpoint, saved_dtype
 
     model, tokenizer = load_checkpoint(checkpoint, device)
-    return model.to(decode_dtype(saved_dtype(checkpoint), device)), tokenizer
+    placed = next(model.parameters()).device  # "auto" resolved
+    return model.to(decode_dtype(saved_dtype(checkpoint), placed)), tokenizer
 
 
 def decode_layout(

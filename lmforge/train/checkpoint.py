@@ -4,10 +4,16 @@ A folder holds `model.safetensors`, `config.json` (the model shape and the run c
 `optimizer.pt` and `trainer_state.pt` (tensors and plain data, read with weights_only=True;
 batches depend only on (seed, step), so the torch RNG is the only generator state kept),
 `loader_state.json` and a copy of the tokenizer, so a checkpoint is all that inference needs.
+`config.json`'s run config also records, under `trained_on`, the token shards and documents the
+run trained on, so `lmforge eval` defaults to the run's own validation split.
 It is written under a temporary name and renamed, so an interrupted save never leaves a half
 checkpoint where a complete one is expected. A run on many processes writes a distributed
 checkpoint instead, with the weights and optimizer state as per-rank shards in `dcp/`
 (lmforge.parallel.checkpoint); it resumes at any layout and loads for inference like any other.
+
+`load_checkpoint` is the one way a command (generate, chat, serve, eval, export, speedrun) loads
+a model: it checks the device, then the folder (missing, a Hugging Face folder, a config of
+another shape, damaged or truncated weights) and says each problem and its fix in one line.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors import SafetensorError
+from safetensors.torch import load_model
 
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
+from lmforge.weights_file import save_module
 
 if TYPE_CHECKING:
     from lmforge.parallel.world import World
@@ -68,7 +76,7 @@ def save_checkpoint(
         tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_model(model, str(tmp / "model.safetensors"))
+        save_module(model, tmp / "model.safetensors")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         write_metadata(tmp)
         if final.exists():
@@ -95,6 +103,12 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint at `path`: a checkpoint, a `checkpoints/` folder or a run (its newest)."""
     path = Path(path)
+    if not path.exists():
+        raise LmforgeError(
+            f"no checkpoint found at {path} (no such file or folder): pass a run folder or a "
+            "checkpoints/step_N folder"
+        )
+    _refuse_hf_folder(path)
     if _has_weights(path):
         return path
     for candidate in (path / "checkpoints", path):
@@ -108,22 +122,60 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def read_model_config(checkpoint: str | Path) -> ModelConfig:
     path = Path(checkpoint) / "config.json"
+    _refuse_hf_folder(Path(checkpoint))
     try:
-        return ModelConfig(**json.loads(path.read_text())["model"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise LmforgeError(f"{path} is missing or not an lmforge checkpoint config: {e}") from e
+        config = ModelConfig(**json.loads(path.read_text())["model"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise LmforgeError(
+            f"{path} is missing or not an lmforge checkpoint config ({type(e).__name__}: {e}): "
+            "pass a checkpoint that lmforge wrote"
+        ) from None
+    try:
+        config.validate()
+    except LmforgeError as e:
+        raise LmforgeError(f"{path} holds an invalid model shape: {e}") from None
+    return config
 
 
 def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:
     """Load weights into `model`, refusing a checkpoint of another shape with a clear message."""
     check_model_shape(checkpoint, model.config)
     weights = Path(checkpoint) / "model.safetensors"
-    if weights.is_file():
-        load_model(model, str(weights))
-    else:  # a distributed checkpoint: gather its shards into this whole model
+    if not weights.is_file():  # a distributed checkpoint: gather its shards into this whole model
         from lmforge.parallel.checkpoint import load_model_only
 
         load_model_only(model, checkpoint)
+        return
+    try:
+        load_model(model, str(weights))
+    except (SafetensorError, OSError) as e:
+        raise LmforgeError(
+            f"{weights} is damaged or truncated ({e}): export it again, or pass another "
+            "checkpoint (an earlier checkpoints/step_N)"
+        ) from None
+    except RuntimeError as e:  # tensors missing, extra or of other shapes than config.json says
+        detail = " ".join(str(e).split())
+        raise LmforgeError(
+            f"{weights} does not match the model shape in {weights.parent / 'config.json'} "
+            f"({detail[:300]}): pass a checkpoint whose files were written together"
+        ) from None
+
+
+def _refuse_hf_folder(path: Path) -> None:
+    """A Hugging Face model folder (config.json with model_type, no lmforge 'model' key)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if (
+        isinstance(config, dict)
+        and "model" not in config
+        and ("model_type" in config or "architectures" in config)
+    ):
+        raise LmforgeError(
+            f"{path} is a Hugging Face model folder: run `lmforge import --from {path} --out "
+            "CKPT` first, then pass CKPT"
+        )
 
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -136,9 +188,15 @@ def saved_dtype(path: str | Path) -> torch.dtype:
     weights = resolve_checkpoint(path) / "model.safetensors"
     if not weights.is_file():
         return torch.float32
-    with safe_open(str(weights), framework="pt") as f:
-        name = next(iter(f.keys()), None)
-        code = "F32" if name is None else f.get_slice(name).get_dtype()
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            name = next(iter(f.keys()), None)
+            code = "F32" if name is None else f.get_slice(name).get_dtype()
+    except (SafetensorError, OSError) as e:
+        raise LmforgeError(
+            f"{weights} is damaged or truncated ({e}): export it again, or pass another "
+            "checkpoint (an earlier checkpoints/step_N)"
+        ) from None
     return _SAFETENSORS_DTYPES.get(code, torch.float32)
 
 
@@ -192,10 +250,43 @@ def _set_rng_state(state: dict) -> None:
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
-    """`(model, tokenizer)` from a checkpoint, checkpoints or run folder; the model in eval mode."""
+    """`(model, tokenizer)` from a checkpoint, checkpoints or run folder; the model in eval mode
+    on `device` (cpu, cuda, cuda:N, mps or auto). Every problem is a one-line LmforgeError."""
+    from lmforge.device.choice import pick_device
     from lmforge.tokenizer import Tokenizer
 
+    device = pick_device(device)
     checkpoint = resolve_checkpoint(path)
     model = Transformer(read_model_config(checkpoint))
     load_model_weights(model, checkpoint)
-    return model.to(device).eval(), Tokenizer.load(checkpoint / "tokenizer")
+    tokenizer = Tokenizer.load(checkpoint / "tokenizer")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise LmforgeError(
+            f"the tokenizer in {checkpoint} has {tokenizer.vocab_size} ids but the model only "
+            f"{model.config.vocab_size} embeddings: pass a checkpoint whose files were written "
+            "together"
+        )
+    return model.to(device).eval(), tokenizer
+
+
+TRAINED_ON = "trained_on"
+"""The run config's key for the data a run trained on: {"shards": folder, "documents": path,
+"stdlib", or None when the run was given prepared shards}, absolute paths."""
+
+
+def data_record(shard_dir: str | Path, documents: str | None) -> dict:
+    """What `TRAINED_ON` holds for a run on `shard_dir`, prepared from `documents` (a path,
+    "stdlib" or "hf:NAME"; None when the shards were given ready-made)."""
+    if documents and documents != "stdlib" and not documents.startswith("hf:"):
+        documents = str(Path(documents).resolve())
+    return {"shards": str(Path(shard_dir).resolve()), "documents": documents}
+
+
+def read_run_config(checkpoint: str | Path) -> dict:
+    """The run config saved with `checkpoint` ({} for one written without, e.g. imported)."""
+    path = Path(checkpoint) / "config.json"
+    try:
+        run = json.loads(path.read_text()).get("run")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return {}
+    return run if isinstance(run, dict) else {}
