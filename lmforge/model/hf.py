@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
 from lmforge.model.transformer import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokenizer.hf_json import to_json
 from lmforge.tokenizer.tokenizer import EOT
+from lmforge.weights_file import save_module, save_tensors
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -312,7 +313,7 @@ def export_hf(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path) -> 
     def write(folder: Path) -> None:
         _write_json(folder / "config.json", config)
         _write_json(folder / "generation_config.json", generation)
-        save_file(weights, str(folder / WEIGHTS), metadata={"format": "pt"})
+        save_tensors(weights, folder / WEIGHTS, metadata={"format": "pt"})
         for name, obj in tokenizer_files(tokenizer, model.config.max_seq_len).items():
             _write_json(folder / name, obj)
 
@@ -346,7 +347,7 @@ def import_checkpoint(hf_dir: str | Path, out_dir: str | Path) -> Path:
     run = {"imported_from": str(Path(hf_dir).resolve())}
 
     def write(folder: Path) -> None:
-        save_model(model, str(folder / WEIGHTS))
+        save_module(model, folder / WEIGHTS)
         _write_json(folder / "config.json", {"model": asdict(model.config), "run": run})
         tokenizer.save(folder / "tokenizer")
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_model
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -34,6 +33,7 @@ from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.parallel.data_parallel import Zero1
 from lmforge.train.checkpoint import check_model_shape, is_distributed, read_model_config
+from lmforge.weights_file import save_module
 
 DCP_DIR = "dcp"
 
@@ -121,6 +121,6 @@ def export_safetensors(checkpoint: str | Path) -> Path:
     load_model_only(model, checkpoint)
     out = checkpoint / "model.safetensors"
     tmp = out.with_name(".model.safetensors.tmp")
-    save_model(model, str(tmp))
+    save_module(model, tmp)
     os.replace(tmp, out)
     return out
