@@ -2,7 +2,8 @@
 
 Requests accept OpenAI's fields plus the engine's extra sampling knobs as top-level body fields
 (`top_k`, `min_p`, `repetition_penalty`, as vLLM does: the `openai` client sends them through
-`extra_body`). Unknown fields are ignored. Responses are plain dicts shaped as OpenAI's.
+`extra_body`), and for chat lmforge's own `truncate`. Unknown fields are ignored. Responses are
+plain dicts shaped as OpenAI's.
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
+    # lmforge's extension: "oldest" leaves out the oldest messages (a leading system message
+    # stays) until prompt + max_tokens fits the context window, as `lmforge chat` does.
+    truncate: Literal["oldest"] | None = None
 
     @field_validator("top_logprobs")
     @classmethod

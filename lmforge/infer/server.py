@@ -7,8 +7,10 @@ one engine request, batched by the engine with everything else in flight; a clie
 disconnects mid-stream cancels its requests, which frees their batch slots.
 
 Errors follow OpenAI's format, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
-JSON, invalid fields and prompts that do not fit the context window (nothing is truncated), 404
-for an unknown model or route.
+JSON, invalid fields and prompts that do not fit the context window, 404 for an unknown model or
+route. Nothing is truncated unless a chat request opts in with lmforge's `"truncate": "oldest"`:
+then the oldest messages are left out as in `lmforge chat`, and the response's
+`x-lmforge-dropped-messages` header says how many.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from starlette.exceptions import HTTPException
 
 from lmforge.errors import LmforgeError
 from lmforge.infer import openai_schema as api
-from lmforge.infer.chat_template import ChatTemplate, ReplyStripper
+from lmforge.infer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
 from lmforge.infer.text import prompt_ids
 from lmforge.infer.weights import load_for_decode
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from lmforge.tokenizer import Tokenizer
 
 STATIC = Path(__file__).with_name("static")
+# How many messages a chat request with "truncate" left out (0 when the whole conversation fits).
+DROPPED_HEADER = "x-lmforge-dropped-messages"
 
 
 class ApiError(Exception):
@@ -139,8 +143,10 @@ class _EventStream(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str], job: _Job) -> None:
-        super().__init__(events, headers={"Cache-Control": "no-cache"})
+    def __init__(
+        self, events: AsyncIterator[str], job: _Job, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(events, headers={"Cache-Control": "no-cache", **(headers or {})})
         self.job = job
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -200,6 +206,30 @@ class _Server:
                 param=param,
                 code="context_length_exceeded",
             )
+
+    def chat_prompt(self, body: api.ChatCompletionRequest) -> tuple[list[int], int]:
+        """The prompt of the conversation and how many of its messages were left out: none,
+        unless the request asks to truncate; then as `lmforge chat` does (`ChatTemplate.fit`)."""
+        messages = [m.message() for m in body.messages]
+        try:
+            check_messages(messages)
+        except LmforgeError as e:
+            raise ApiError(400, str(e), param="messages") from e
+        if not body.truncate:
+            return self.template.prompt_ids(messages), 0
+        limit, max_tokens = self.engine.max_context, body.requested_tokens() or 1
+        if max_tokens >= limit:
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens} leaves no room for the messages in the {limit}-token "
+                "context window: lower max_tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        try:
+            return self.template.fit(messages, limit - max_tokens)
+        except LmforgeError as e:
+            raise ApiError(400, str(e), param="messages", code="context_length_exceeded") from e
 
     def completion_prompts(self, prompt: str | list) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -315,7 +345,12 @@ class _ChatFormat(_Format):
 
 
 async def _respond(
-    job: _Job, fmt: _Format, body: api.SamplingRequest, model: str, request: Request
+    job: _Job,
+    fmt: _Format,
+    body: api.SamplingRequest,
+    model: str,
+    request: Request,
+    headers: dict[str, str] | None = None,
 ) -> Any:
     """The whole response body, or an event stream when the request asked for one."""
     logprobs = body.wants_logprobs()
@@ -329,8 +364,9 @@ async def _respond(
             job.cancel()
         choices = [fmt.choice(c, logprobs) for c in job.choices]
         object_id = api.new_id(fmt.id_prefix)
-        return api.envelope(object_id, fmt.object, model, choices, usage=job.usage())
-    return _EventStream(_stream(job, fmt, logprobs, body.include_usage(), model), job)
+        reply = api.envelope(object_id, fmt.object, model, choices, usage=job.usage())
+        return JSONResponse(reply, headers=headers)
+    return _EventStream(_stream(job, fmt, logprobs, body.include_usage(), model), job, headers)
 
 
 async def _cancel_on_disconnect(request: Request, job: _Job) -> None:
@@ -398,16 +434,14 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Any:
         server.check_model(body.model)
         template = server.template
-        try:
-            ids = template.prompt_ids([m.message() for m in body.messages])
-        except LmforgeError as e:
-            raise ApiError(400, str(e), param="messages") from e
+        ids, dropped = server.chat_prompt(body)
         max_tokens = body.requested_tokens() or max(1, engine.max_context - len(ids))
         server.check_fits(len(ids), max_tokens, "messages")
         stops = (template.stop, template.stop_ids)
         requests = [(ids, body.sampling(max_tokens, k, *stops)) for k in range(body.n)]
         job = server.start(requests, len(ids), template.reply_stripper)
-        return await _respond(job, chat_format, body, model_name, request)
+        headers = {DROPPED_HEADER: str(dropped)} if body.truncate else None
+        return await _respond(job, chat_format, body, model_name, request, headers)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

@@ -60,27 +60,50 @@ def page(tmp_path):
             context.close()
 
 
+def send(page, text, max_tokens):
+    """Type `text` with `max_tokens` set; wait for its reply (the nth assistant message)."""
+    n = page.locator(".message.assistant").count()
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+    done = ".message.assistant[data-done='true'], .message.error"
+    page.wait_for_selector(f"{done} >> nth={n}", timeout=30_000)
+    return page.locator(done).nth(n)
+
+
 def test_a_typed_message_gets_a_streamed_greedy_reply(served, page, tmp_path):
     engine, tokenizer, url = served
     page.goto(url)
     page.wait_for_selector("#send:not([disabled])")
     assert "tiny" in page.inner_text("#model")
     page.fill("#temperature", "0")
-    page.fill("#max-tokens", "24")
     page.evaluate(WATCH_REPLY)
-    page.fill("#input", "Hello there")
-    page.press("#input", "Enter")
-    page.wait_for_selector(".message.assistant[data-done='true']", timeout=30_000)
+    reply = send(page, "Hello there", 24)
 
     template = ChatTemplate(tokenizer)
-    ids = template.prompt_ids([Message("user", "Hello there")])
-    params = SamplingParams(
-        max_tokens=24, temperature=0, stop=template.stop, stop_ids=template.stop_ids
-    )
-    expected = engine.generate([ids], params)[0]
-    reply = page.locator(".message.assistant")
-    assert reply.text_content() == expected.text.removeprefix(template.reply_prefix)
-    assert reply.get_attribute("data-finish") == expected.finish_reason
+
+    def greedy(ids, max_tokens):
+        stops = dict(stop=template.stop, stop_ids=template.stop_ids)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, **stops)
+        result = engine.generate([ids], params)[0]
+        return result.text.removeprefix(template.reply_prefix), result.finish_reason
+
+    conversation = [Message("user", "Hello there")]
+    text, finish = greedy(template.prompt_ids(conversation), 24)
+    assert reply.text_content() == text
+    assert reply.get_attribute("data-finish") == finish
     assert page.inner_text(".message.user") == "Hello there"
     assert page.evaluate("window.replyUpdates") > 3  # pieces, not one block
+    assert page.locator(".message.note").count() == 0
+
+    # A second turn whose max tokens leave no room for the whole conversation: the server
+    # leaves out the oldest message, as `lmforge chat` does, and the page says so.
+    conversation += [Message("assistant", text), Message("user", "Tell me more")]
+    max_tokens = engine.max_context - len(template.prompt_ids(conversation)) + 1
+    ids, dropped = template.fit(conversation, engine.max_context - max_tokens)
+    second = send(page, "Tell me more", max_tokens)
+    assert page.locator(".message.error").count() == 0
+    assert second.text_content() == greedy(ids, max_tokens)[0]
+    note = page.locator(".message.note")
+    assert note.count() == 1 and note.text_content().startswith(f"{dropped} earliest message")
     page.screenshot(path=tmp_path / "chat.png")

@@ -229,6 +229,14 @@ TOO_SMALL = "greater than or equal to 1"
         (chat(messages=[]), 400, "messages", "at least 1"),
         (chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages.0.role", "'user'"),
         (chat(max_tokens=0), 400, "max_tokens", TOO_SMALL),
+        (chat(truncate="newest"), 400, "truncate", "'oldest'"),
+        (chat(truncate="oldest", max_tokens=CONTEXT), 400, "max_tokens", "leaves no room"),
+        (
+            chat(messages=[{"role": "user", "content": "word " * 400}], truncate="oldest"),
+            400,
+            "messages",
+            "send a shorter message",
+        ),
         (("/v1/nothing", {}), 404, None, "Not Found"),
     ],
 )
@@ -253,6 +261,34 @@ def test_a_prompt_longer_than_the_context_is_refused_with_its_length(client, tok
     assert f"the context window holds {CONTEXT} tokens" in message
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
+
+
+def test_a_chat_too_long_for_the_context_is_truncated_only_when_asked(base_url, engine, tokenizer):
+    turns = [{"role": "system", "content": "Be brief."}]
+    for i in range(6):
+        turns.append({"role": ("user", "assistant")[i % 2], "content": f"{i}: " + "word " * 3})
+    messages = [*turns, {"role": "user", "content": "And now?"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}
+    refused = post(base_url, "/v1/chat/completions", body)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert "x-lmforge-dropped-messages" not in refused.headers
+
+    template = ChatTemplate(tokenizer)
+    ids, dropped = template.fit([Message(**m) for m in messages], CONTEXT - 32)
+    assert 0 < dropped < len(messages) - 2  # some old turns go, the system message stays
+    expected = direct(engine, ids, max_tokens=32, stop=template.stop, stop_ids=template.stop_ids)
+    text = expected.text.removeprefix(template.reply_prefix)
+    body["truncate"] = "oldest"
+    reply = post(base_url, "/v1/chat/completions", body)
+    assert reply.status_code == 200
+    assert reply.headers["x-lmforge-dropped-messages"] == str(dropped)
+    assert reply.json()["choices"][0]["message"]["content"] == text
+    assert reply.json()["usage"]["prompt_tokens"] == len(ids)
+    streamed = post(base_url, "/v1/chat/completions", {**body, "stream": True})
+    assert streamed.headers["x-lmforge-dropped-messages"] == str(dropped)
+    chunks = [json.loads(x[6:]) for x in streamed.text.splitlines() if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == text
 
 
 @pytest.fixture(scope="module")

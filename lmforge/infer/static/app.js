@@ -1,11 +1,14 @@
 // The chat page: keeps the conversation, sends it to /v1/chat/completions with stream: true and
-// shows the reply as its server-sent events arrive. No dependencies, no build step.
+// shows the reply as its server-sent events arrive. It asks the server to leave out the oldest
+// messages when the conversation outgrows the context ("truncate": "oldest") and notes when
+// that happens. No dependencies, no build step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 let conversation = [];  // {role, content} messages of this conversation; "New chat" starts another
 let model = null;
 let controller = null;  // aborts the reply being streamed
+let leftOut = 0;  // messages of this conversation the server has left out so far
 
 function addMessage(role, text) {
   const div = document.createElement("div");
@@ -52,6 +55,18 @@ async function* events(response) {
   }
 }
 
+// Says so when the server left out more of this conversation's oldest messages than before.
+function noteLeftOut(response, turns, reply) {
+  const dropped = Number(response.headers.get("x-lmforge-dropped-messages") || 0);
+  if (turns !== conversation || dropped <= leftOut) return;
+  leftOut = dropped;
+  const note = document.createElement("div");
+  note.className = "message note";
+  const messages = dropped === 1 ? "message no longer fits" : "messages no longer fit";
+  note.textContent = `${dropped} earliest ${messages} the context and ${dropped === 1 ? "is" : "are"} left out`;
+  reply.before(note);
+}
+
 async function send(text) {
   const turns = conversation;  // a reply that ends after "New chat" stays in its own conversation
   turns.push({ role: "user", content: text });
@@ -71,12 +86,14 @@ async function send(text) {
         temperature: Number($("temperature").value),
         top_p: 0.95,
         max_tokens: Number($("max-tokens").value),
+        truncate: "oldest",
       }),
     });
     if (!response.ok) {
       const body = await response.json();
       throw new Error(body.error ? body.error.message : response.statusText);
     }
+    noteLeftOut(response, turns, reply);
     for await (const data of events(response)) {
       if (data === "[DONE]") break;
       const chunk = JSON.parse(data);
@@ -121,6 +138,7 @@ $("stop").addEventListener("click", () => controller && controller.abort());
 $("reset").addEventListener("click", () => {
   if (controller) controller.abort();
   conversation = [];
+  leftOut = 0;
   $("messages").replaceChildren();
   $("input").focus();
 });
