@@ -1,19 +1,22 @@
-"""The Llama-style model: layers, attention, RoPE and the Transformer with its config."""
+"""The Llama-style model: layers, attention, RoPE and the Transformer with its config.
 
-from lmforge.model.attention import Attention
-from lmforge.model.layers import Embedding, Linear, RMSNorm, SwiGLU
-from lmforge.model.rope import RotaryEmbedding, apply_rope
-from lmforge.model.transformer import Block, ModelConfig, Transformer
+Names import their module (and torch) on first use; ModelConfig is torch-free.
+"""
 
-__all__ = [
-    "Attention",
-    "Block",
-    "Embedding",
-    "Linear",
-    "ModelConfig",
-    "RMSNorm",
-    "RotaryEmbedding",
-    "SwiGLU",
-    "Transformer",
-    "apply_rope",
-]
+from lmforge.lazy import lazy_exports
+
+_EXPORTS = {
+    "Attention": "lmforge.model.attention",
+    "Embedding": "lmforge.model.layers",
+    "Linear": "lmforge.model.layers",
+    "RMSNorm": "lmforge.model.layers",
+    "SwiGLU": "lmforge.model.layers",
+    "RotaryEmbedding": "lmforge.model.rope",
+    "apply_rope": "lmforge.model.rope",
+    "Block": "lmforge.model.transformer",
+    "Transformer": "lmforge.model.transformer",
+    "ModelConfig": "lmforge.model.config",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,30 +1,25 @@
-"""Token shards on disk and the batches drawn from them."""
+"""Token shards on disk and the batches drawn from them.
 
-from lmforge.tokens.batch import WindowSampler, get_batch
-from lmforge.tokens.loader import DataSource, TokenLoader
-from lmforge.tokens.segments import segment_ids, segment_mask
-from lmforge.tokens.shards import (
-    ShardMeta,
-    load_doc_starts,
-    load_tokens,
-    read_meta,
-    token_dtype,
-    write_meta,
-    write_shard,
-)
+Names import their module on first use: the shard format needs numpy only, batches need torch.
+"""
 
-__all__ = [
-    "DataSource",
-    "ShardMeta",
-    "TokenLoader",
-    "WindowSampler",
-    "get_batch",
-    "load_doc_starts",
-    "load_tokens",
-    "read_meta",
-    "segment_ids",
-    "segment_mask",
-    "token_dtype",
-    "write_meta",
-    "write_shard",
-]
+from lmforge.lazy import lazy_exports
+
+_EXPORTS = {
+    "WindowSampler": "lmforge.tokens.batch",
+    "get_batch": "lmforge.tokens.batch",
+    "DataSource": "lmforge.tokens.loader",
+    "TokenLoader": "lmforge.tokens.loader",
+    "segment_ids": "lmforge.tokens.segments",
+    "segment_mask": "lmforge.tokens.segments",
+    "ShardMeta": "lmforge.tokens.shards",
+    "load_doc_starts": "lmforge.tokens.shards",
+    "load_tokens": "lmforge.tokens.shards",
+    "read_meta": "lmforge.tokens.shards",
+    "token_dtype": "lmforge.tokens.shards",
+    "write_meta": "lmforge.tokens.shards",
+    "write_shard": "lmforge.tokens.shards",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,29 +1,25 @@
-"""Training: the loop, its step, precision, memory, optimizer, schedule, checkpoints and metrics."""
+"""Training: the loop, its step, precision, memory, optimizer, schedule, checkpoints and metrics.
 
-from lmforge.train.checkpoint import (
-    list_checkpoints,
-    load_model_weights,
-    resolve_checkpoint,
-    save_checkpoint,
-)
-from lmforge.train.clip import clip_grad_norm
-from lmforge.train.loop import TrainConfig, TrainResult, train
-from lmforge.train.metrics import MetricsLog, read_metrics
-from lmforge.train.optim import AdamW, param_groups
-from lmforge.train.schedule import lr_at
+Names import their module (and torch) on first use; TrainConfig is torch-free.
+"""
 
-__all__ = [
-    "AdamW",
-    "MetricsLog",
-    "TrainConfig",
-    "TrainResult",
-    "clip_grad_norm",
-    "list_checkpoints",
-    "load_model_weights",
-    "lr_at",
-    "param_groups",
-    "read_metrics",
-    "resolve_checkpoint",
-    "save_checkpoint",
-    "train",
-]
+from lmforge.lazy import lazy_exports
+
+_EXPORTS = {
+    "list_checkpoints": "lmforge.train.checkpoint",
+    "load_model_weights": "lmforge.train.checkpoint",
+    "resolve_checkpoint": "lmforge.train.checkpoint",
+    "save_checkpoint": "lmforge.train.checkpoint",
+    "clip_grad_norm": "lmforge.train.clip",
+    "TrainConfig": "lmforge.train.config",
+    "TrainResult": "lmforge.train.loop",
+    "train": "lmforge.train.loop",
+    "MetricsLog": "lmforge.train.metrics",
+    "read_metrics": "lmforge.train.metrics",
+    "AdamW": "lmforge.train.optim",
+    "param_groups": "lmforge.train.optim",
+    "lr_at": "lmforge.train.schedule",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

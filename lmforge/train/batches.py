@@ -19,8 +19,8 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.tokens import WindowSampler, load_tokens
 from lmforge.tokens.loader import DataSource, TokenLoader
+from lmforge.train.config import LOADERS
 
-LOADERS = ("random", "sequential")
 
 
 class RandomBatches:

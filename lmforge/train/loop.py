@@ -27,12 +27,12 @@ from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
 from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
-from lmforge.parallel.layout import ParallelOptions, parse_layout
+from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.world import World, any_rank, distributed, from_rank_zero, mean_over_data
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
-from lmforge.train.batches import LOADERS, make_batches
+from lmforge.train.batches import make_batches
 from lmforge.train.checkpoint import (
     is_distributed,
     list_checkpoints,
@@ -41,12 +41,13 @@ from lmforge.train.checkpoint import (
     save_checkpoint,
 )
 from lmforge.train.compose import compose
+from lmforge.train.config import TrainConfig
 from lmforge.train.guard import NonFiniteGuard
-from lmforge.train.memory import MODES, peak_memory_bytes
+from lmforge.train.memory import peak_memory_bytes
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.mfu import mfu, peak_flops
 from lmforge.train.optim import build_optimizer
-from lmforge.train.precision import PRECISIONS, make_precision
+from lmforge.train.precision import make_precision
 from lmforge.train.schedule import lr_at
 from lmforge.train.signals import StopRequest, stop_requests
 from lmforge.train.step import train_step
@@ -60,71 +61,6 @@ comm_bytes_per_step."""
 CALIBRATION_STEPS = 5
 """Budgeted runs time this many steps (after the first, which pays one-off costs) to fix their
 step count; until then the cosine horizon is open and only warmup applies."""
-
-
-@dataclass
-class TrainConfig:
-    batch_size: int = 16
-    seq_len: int = 256
-    grad_accum_steps: int = 1
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    max_steps: int = 0  # 0: train for `minutes` of wall-clock time instead
-    minutes: float = 0.0
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_every: int = 100
-    eval_batches: int = 16
-    log_every: int = 10
-    checkpoint_every: int = 0  # 0: only at the end (and on Ctrl-C)
-    seed: int = 1337
-    device: str = "auto"
-    precision: str = "fp32"  # fp32 | bf16 | fp16 | fp8 | auto (bf16 where it is fast)
-    cast_module: bool = False  # bf16/fp16: cast the model itself, step fp32 master copies
-    activation_checkpointing: str = "none"  # none | full | selective
-    compile: bool = False
-    fused_adamw: bool = True  # PyTorch's fused AdamW kernel where the device has one
-    offload_optimizer: bool = False  # optimizer state and master weights on the CPU
-    max_bad_steps: int = 25  # stop after this many non-finite steps in a row
-    loader: str = "random"  # random | sequential
-    parallel: str = ""  # under torchrun, e.g. "dp=2,tp=2" or "fsdp=4"; the rest of the world is dp
-    ddp_bucket_mb: float = 25.0  # DDP: gradients all-reduced in buckets this big during backward
-    zero1: bool = False  # DDP: shard the optimizer state over the dp ranks (ZeRO-1)
-    reshard_after_forward: bool = True  # FSDP: free gathered weights after forward (ZeRO-3)
-    sequence_parallel: bool = True  # TP: shard norms' tokens, reduce-scatter instead of all-reduce
-    collective_timeout_s: float = 600.0  # a collective waiting longer fails (e.g. a rank died)
-
-    def validate(self) -> None:
-        parse_layout(self.parallel)
-        if self.ddp_bucket_mb <= 0 or self.collective_timeout_s <= 0:
-            raise LmforgeError(
-                "train.ddp_bucket_mb and train.collective_timeout_s must be above 0, got "
-                f"{self.ddp_bucket_mb} and {self.collective_timeout_s}"
-            )
-        if self.max_steps <= 0 and self.minutes <= 0:
-            raise LmforgeError("train.max_steps and train.minutes are both 0: set one of them")
-        for name in (
-            "batch_size",
-            "seq_len",
-            "grad_accum_steps",
-            "log_every",
-            "eval_batches",
-            "max_bad_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise LmforgeError(f"train.{name} must be at least 1, got {getattr(self, name)}")
-        for name, choices in (
-            ("precision", (*PRECISIONS, "auto")),
-            ("activation_checkpointing", MODES),
-            ("loader", LOADERS),
-        ):
-            if getattr(self, name) not in choices:
-                raise LmforgeError(
-                    f"train.{name} is {getattr(self, name)!r}: choose one of {', '.join(choices)}"
-                )
 
 
 @dataclass

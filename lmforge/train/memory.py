@@ -30,8 +30,8 @@ from torch.utils.checkpoint import (
 )
 
 from lmforge.errors import LmforgeError
+from lmforge.train.config import CHECKPOINTING_MODES
 
-MODES = ("none", "full", "selective")
 
 _aten = torch.ops.aten
 SAVED_OPS = {  # kept by selective checkpointing: expensive to recompute
@@ -48,9 +48,9 @@ SAVED_OPS = {  # kept by selective checkpointing: expensive to recompute
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     """Checkpoint every block of `model.layers` in `mode` (none, full or selective)."""
-    if mode not in MODES:
+    if mode not in CHECKPOINTING_MODES:
         raise LmforgeError(
-            f"unknown activation checkpointing mode {mode!r}: choose one of {', '.join(MODES)}"
+            f"unknown activation checkpointing mode {mode!r}: choose one of {', '.join(CHECKPOINTING_MODES)}"
         )
     if mode == "none":
         return

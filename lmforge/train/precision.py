@@ -21,10 +21,10 @@ from torch import nn
 from lmforge.device.capability import cpu_capability
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
+from lmforge.train.config import PRECISIONS
 from lmforge.train.fp8 import Float8Linear, convert_to_float8, real_fp8_supported
 from lmforge.train.loss_scale import DynamicLossScaler
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 
 
 class Precision:
