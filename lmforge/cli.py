@@ -584,10 +584,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        from lmforge.infer.server import serve
-    except ModuleNotFoundError as e:
-        raise LmforgeError(f"lmforge serve needs {e.name}: pip install 'lmforge[serve]'") from e
+    from lmforge.extras import require
+
+    require("lmforge serve", "serve", "fastapi", "uvicorn")
+    from lmforge.infer.server import serve
 
     serve(
         args.checkpoint,

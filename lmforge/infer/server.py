@@ -16,7 +16,9 @@ then the oldest messages are left out as in `lmforge chat`, and the response's
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -519,6 +521,27 @@ def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[st
         thread.join()
 
 
+def check_port(host: str, port: int) -> None:
+    """Raise a one-line LmforgeError unless `host`:`port` can be bound now, as uvicorn binds it
+    (IPv6 for a host with a colon, SO_REUSEADDR). The port is free again when this returns."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OverflowError as e:
+            raise LmforgeError(f"port {port} is not a TCP port: pass --port 1..65535") from e
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise LmforgeError(
+                    f"port {port} on {host} is already in use: stop what listens there, or "
+                    "serve on another port with --port"
+                ) from e
+            raise LmforgeError(
+                f"cannot listen on {host}:{port} ({e.strerror or e}): pass another --host or --port"
+            ) from e
+
+
 def serve(
     checkpoint: str | Path,
     host: str = "127.0.0.1",
@@ -532,6 +555,7 @@ def serve(
     """`lmforge serve`: load a checkpoint and serve it until Ctrl-C."""
     import uvicorn
 
+    check_port(host, port)  # before the model loads, and before the banner
     model, tokenizer = load_for_decode(checkpoint, device)
     name = model_name or Path(checkpoint).resolve().name
     engine = Engine(

@@ -418,6 +418,45 @@ def test_serve_command_loads_a_checkpoint_and_binds_loopback(prepared, tmp_path,
     assert seen["reply"]["usage"]["prompt_tokens"] == 2
 
 
+def test_serve_on_a_taken_port_says_so_before_loading_the_model(monkeypatch, capsys):
+    import socket
+
+    import lmforge.infer.server as server
+    from lmforge.cli import main
+
+    monkeypatch.setattr(server, "load_for_decode", lambda *_: pytest.fail("loaded the model"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--checkpoint", "no-such-run", "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no banner
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_serve_without_the_serve_extra_names_what_is_missing(monkeypatch, capsys):
+    import sys
+
+    from lmforge.cli import main
+
+    for name in ("fastapi", "anyio", "starlette"):  # as when fastapi was never installed
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "lmforge.infer.server")
+    assert main(["serve", "--checkpoint", "no-such-run"]) == 2
+    err = capsys.readouterr().err
+    assert "lmforge serve needs fastapi" in err and "pip install 'lmforge[serve]'" in err
+
+
+def test_a_completion_without_max_tokens_gets_16_as_from_openai(client, engine, tokenizer):
+    reply = client.completions.create(model=MODEL, prompt="def main(", temperature=0)
+    expected = direct(engine, prompt_ids(tokenizer, "def main("), max_tokens=16)
+    assert expected.finish_reason == "length"
+    assert reply.choices[0].text == expected.text
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+
+
 class BrokenEngine:
     """An engine whose every request fails once generation starts."""
 
