@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from lmforge import __version__
 from lmforge.errors import LmforgeError
 
 TRAIN_KEYS = """\
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lmforge",
         description="A complete LLM system: data, tokenizer, training, evaluation, inference.",
     )
+    parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
@@ -460,9 +462,10 @@ def _with_data(cfg, path: str):
 
 
 def cmd_speedrun(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+
     from lmforge.speedrun import speedrun
 
-    cfg = _load_config(args)
     if args.data:
         cfg = _with_data(cfg, args.data)
     report = speedrun(cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh)
@@ -471,9 +474,10 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)  # a bad config is reported before torch is imported
+
     from lmforge.speedrun import pretrain
 
-    cfg = _load_config(args)
     shard_dir = None
     if args.data and (Path(args.data) / "meta.json").exists():
         shard_dir = args.data

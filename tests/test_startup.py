@@ -1,0 +1,65 @@
+"""Commands that need no model never import torch: `--help`, `--version`, plan, the tokenizer,
+tokenize, the data pipeline, and the user errors found before a model is built."""
+
+import subprocess
+import sys
+
+import pytest
+
+# Each command runs in one fresh interpreter, in order; after each, torch must still be absent.
+SCRIPT = """
+import sys
+from lmforge.cli import main
+
+if __name__ == "__main__":
+    for args in {commands!r}:
+        try:
+            code = main(args)
+        except SystemExit as e:
+            code = e.code
+        print(code, "torch" in sys.modules, " ".join(args), file=sys.stderr, flush=True)
+"""
+
+
+def test_commands_that_need_no_model_do_not_import_torch(tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_text(
+        "".join(f"line {i} of a small text about tokens and bytes\n" for i in range(200))
+    )
+    (tmp_path / "b.txt").write_text("another document, kept for the validation split\n" * 20)
+    tok, shards = tmp_path / "tok", tmp_path / "shards"
+    commands = [
+        "--help",
+        "--version",
+        "train --help",
+        "plan --model small",
+        f"tokenizer train --input {text} --vocab-size 280 --out {tok}",
+        f"tokenize --tokenizer {tok} --input {tmp_path} --out {shards} --val-fraction 0.5 "
+        "--workers 1",
+        f"data run --input {text} --output {tmp_path / 'd'} --steps quality",
+        "train --set train.lr=-1",
+        "speedrun --set model.d_model=0",
+    ]
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.format(commands=[c.split() for c in commands]))
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    lines = [x for x in result.stderr.splitlines() if x.split(" ")[0] in ("0", "2")]
+    assert len(lines) == len(commands), result.stderr
+    codes = []
+    for line in lines:
+        code, imported, command = line.split(" ", 2)
+        assert imported == "False", f"`lmforge {command}` imported torch"
+        codes.append(code)
+    assert codes == ["0"] * 7 + ["2", "2"], result.stderr
+
+
+def test_version_names_the_package(capsys):
+    from lmforge import __version__
+    from lmforge.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lmforge {__version__}"
