@@ -31,12 +31,24 @@ from lmforge.tokenizer import PATTERNS, Tokenizer, train_bpe, train_bpe_files
 from lmforge.tokens import ShardMeta, read_meta
 from lmforge.tokens.encode import tokenize_splits
 
+QUALITY_PROFILES = ("auto", "code", "prose", "off")
+
 
 @dataclass
 class DataConfig:
     path: str = ""  # empty: the Python standard library's source
     val_fraction: float = 0.01
     workers: int = 0  # 0: all cores
+    # The quality rules: auto picks code or prose rules per document, code/prose apply one set
+    # to every document, off skips them (lmforge.data.pipeline.corpus).
+    quality_profile: str = "auto"
+
+    def __post_init__(self) -> None:  # checked when the config is built, before any work
+        if self.quality_profile not in QUALITY_PROFILES:
+            raise LmforgeError(
+                f"data.quality_profile {self.quality_profile!r} is unknown: "
+                f"use {', '.join(QUALITY_PROFILES)}"
+            )
 
 
 @dataclass
@@ -86,7 +98,7 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
         return json.loads(stats_path.read_text())
     from lmforge.data.pipeline.corpus import clean_corpus, drop_shards
 
-    cleaned, summary = clean_corpus(data.path, data.workers, out / "pipeline")
+    cleaned, summary = clean_corpus(data.path, data.workers, out / "pipeline", data.quality_profile)
     docs = bar(cleaned, desc="split", unit="doc")
     val: list[Document] = []
     first_train: list[Document] = []  # the lowest-scoring train doc, in case val ends up empty
@@ -111,8 +123,15 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
         where = data.path or "the standard library"
         raise LmforgeError(f"no readable text found in {where}: pass UTF-8 .txt or .jsonl data")
     if n_train == 0:
+        removed = sum(summary["quality_removed"].values())
+        hint = (
+            f" (the quality rules removed {removed}: see {out / 'pipeline' / 'summary.md'}, "
+            "or --set data.quality_profile=off)"
+            if removed
+            else ""
+        )
         raise LmforgeError(
-            f"only {len(val)} document(s) left after cleaning: "
+            f"only {len(val)} document(s) left after cleaning{hint}: "
             "a validation split needs at least two; add data"
         )
     write_jsonl(out / "val.jsonl", val)
@@ -123,9 +142,12 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
     }
     _write_json(stats_path, stats)
     drop_shards(out / "pipeline")
+    judged = ", ".join(f"{n} by {name} rules" for name, n in summary["quality_profiles"].items())
+    removed = sum(summary["quality_removed"].values())
+    quality = f"quality rules removed {removed} of {judged}" if judged else "quality rules off"
     print(
         f"documents: {summary['documents_in']} read, {summary['duplicates_removed']} duplicates "
-        f"and {summary['near_duplicates_removed']} near-duplicates removed, "
+        f"and {summary['near_duplicates_removed']} near-duplicates removed, {quality}, "
         f"{n_train} train / {len(val)} val"
     )
     return stats
@@ -222,17 +244,47 @@ def train_tokenizer(
 def tokenize_inputs(
     tokenizer_dir: str | Path, paths: list[str], out: str | Path, data: DataConfig
 ) -> ShardMeta:
-    """`lmforge tokenize`: train/val shards of the documents at `paths`, split by id hash."""
+    """`lmforge tokenize`: train/val shards of the documents at `paths`, split by id hash.
+
+    The inputs are read twice: once to count each split, so that input without text is an error
+    before anything is written, then to encode. As in `prepare_documents`, when the hash puts no
+    document in the validation split, the train document with the lowest split score moves there.
+    """
     tokenizer = Tokenizer.load(tokenizer_dir)
+    n_train = n_val = 0
+    lowest: tuple[float, str] | None = None  # (split score, id) of the lowest train document
+    for doc in read_inputs(paths):
+        if is_validation(doc.id, data.val_fraction):
+            n_val += 1
+            continue
+        n_train += 1
+        if lowest is None or split_score(doc.id) < lowest[0]:
+            lowest = (split_score(doc.id), doc.id)
+    where = ", ".join(paths) or "the standard library"
+    if n_train + n_val < 2:
+        raise LmforgeError(
+            f"{where} holds {n_train + n_val} document(s) with text: a train and a validation "
+            "split need at least two; pass UTF-8 .txt, .jsonl or .tar files with text"
+        )
+    if n_train == 0:
+        raise LmforgeError(
+            f"--val-fraction {data.val_fraction} leaves no document to train on: lower it"
+        )
+    moved = lowest[1] if n_val == 0 and lowest is not None else None
     val_texts: list[str] = []
 
     def train_texts() -> Iterator[str]:
+        pending = moved
         for doc in read_inputs(paths):
             if is_validation(doc.id, data.val_fraction):
                 val_texts.append(doc.text)
+            elif doc.id == pending:
+                val_texts.append(doc.text)
+                pending = None
             else:
                 yield doc.text
 
     # The train shard is written first; the (small) validation texts are collected on the way.
     splits = {"train": train_texts(), "val": iter(val_texts)}
-    return tokenize_splits(tokenizer, splits, out, data.workers or None)
+    totals = {"train": n_train - (moved is not None), "val": n_val + (moved is not None)}
+    return tokenize_splits(tokenizer, splits, out, data.workers or None, totals)

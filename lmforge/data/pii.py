@@ -18,6 +18,8 @@ import ipaddress
 import re
 from collections.abc import Callable
 
+from lmforge.data.code_detect import looks_like_code
+
 PLACEHOLDERS = {
     "email": "EMAIL_ADDRESS",
     "credit_card": "CREDIT_CARD",
@@ -74,26 +76,6 @@ _NOT_AFTER = {
     "ipv4": re.compile(r"(?i)(?:version|release|build|firmware|\bver\.?|\bv)\W{0,3}$"),
     "phone": re.compile(r"(?i)isbn(?:-?1[03])?:?\s*$"),
 }
-_CODE_LINE = re.compile(
-    r"[;{}]\s*$"  # C-like statement or block ends
-    r"|^\s*(?:def|class|fn|func|function)\s+\w+\s*[(<:{]"
-    r"|^\s*(?:import\s+[\w.{*]|from\s+[\w.]+\s+import\b|#include\b|#define\b|package\s+\w)"
-    r"|^\s*(?:const|let|var|auto|int|long|static|public|private)\s+\w+.*="
-    r"|^\s*(?:if|elif|for|while|with|try|except|else)\b.*:\s*$"
-    r"|^\s*[\w.\[\]'\"]+\s*(?:[-+*/|&]?=|:=)\s*\S"  # assignment
-    r"|[\w)\]'\"]\s*(?:==|!=|->|=>|&&|\|\|)"  # operators
-    r"|\w::[A-Za-z_]\w*[(<]"  # `std::vector<`, `Foo::bar(`, but not IPv6's `db8::ff00`
-    r"|^\s*return(?:\s*$|\s+\S+$|.*[()\[\]{};]$)"  # not prose wrapped before "return the"
-    r"|^\s*(?:[)\]}]+[,;]?\s*$|['\"][^'\"]*['\"]\s*:\s*\S)"  # closing brackets, dict entries
-)
-
-
-def looks_like_code(text: str, min_fraction: float = 0.15) -> bool:
-    """Whether at least `min_fraction` of the first 400 non-blank lines read as source code."""
-    lines = [line for line in text[:65536].splitlines() if line.strip()][:400]
-    if not lines:
-        return False
-    return sum(bool(_CODE_LINE.search(line)) for line in lines) >= min_fraction * len(lines)
 
 
 def luhn_valid(digits: str) -> bool:

@@ -127,3 +127,44 @@ def test_quality_score_is_the_first_rule_broken_and_the_fraction_of_rules_passed
 def test_quality_step_records_the_rules_score():
     kept = list(Quality()([Document("prose", GOOD), Document("short", "a b c")]))
     assert [d.id for d in kept] == ["prose"] and kept[0].meta["quality_rules_score"] == 1.0
+
+
+STORY = (
+    "Once upon a time, a little girl named Lily found a red ball in the park. She wanted to "
+    "play with it, so she asked her friend Tom to come and throw it with her. They laughed and "
+    "ran on the green grass until the sun went down, and then they walked home with the ball."
+)
+PY_SOURCE = (
+    "import os\n\n\nclass Walker:\n    def __init__(self, root):\n        self.root = root\n\n"
+    "    def files(self):\n        for name in os.listdir(self.root):\n"
+    "            if name.endswith('.py'):\n                yield name\n"
+)
+
+
+NOTES = "Notes for the next release\n\nKeep the list short.\nAsk before you push a tag.\n"
+
+
+def test_auto_profile_judges_source_code_by_file_type_or_text_and_prose_otherwise():
+    from lmforge.data.code_detect import is_code, looks_like_code, names_source_file
+
+    docs = {
+        "story": Document("stories.jsonl:1", STORY),  # one long paragraph: prose
+        "txt_source": Document("corpus/walker.txt#0", PY_SOURCE),  # code by its text
+        "by_id": Document("repo/notes.py", NOTES),  # code by its file name
+        "by_path": Document("rows.jsonl:7", NOTES, {"path": "src/lib.rs"}),  # by a path field
+        "by_format": Document("stdlib/a.py", NOTES, {"format": "code"}),  # the readers' format
+    }
+    assert not looks_like_code(NOTES) and not looks_like_code(STORY)
+    assert [k for k, d in docs.items() if names_source_file(d)] == ["by_id", "by_path", "by_format"]
+    assert [k for k, d in docs.items() if is_code(d)] == list(docs)[1:]
+    step = Quality()
+    assert step.profile(docs["story"]) == "prose"
+    assert all(step.profile(d) == "code" for d in list(docs.values())[1:])
+    kept = [d.id for d in step(docs.values())]
+    assert kept == [d.id for d in docs.values()]  # each judged by the rules that fit it
+    assert step.stats.counters == {"profile_prose": 1, "profile_code": 4}
+    forced = Quality(Quality.Config(profile="prose"))
+    assert [d.id for d in forced(docs.values())] == ["stories.jsonl:1"]
+    assert forced.stats.counters == {"profile_prose": 5}
+    as_code = Quality(Quality.Config(profile="code"))
+    assert "stories.jsonl:1" not in [d.id for d in as_code(docs.values())]  # lines too long

@@ -1,5 +1,11 @@
-"""The speedrun's cleaning: its corpus through code-profile quality rules, PII masking, exact and
-near-duplicate removal, summarized under the keys the run report reads."""
+"""The speedrun's cleaning: its corpus through the quality rules, PII masking, exact and
+near-duplicate removal, summarized under the keys the run report reads.
+
+The quality rules follow `data.quality_profile`: `auto` (the default) judges each document by
+the code rules when it is source code (by its file type, else by its text) and by Gopher's prose
+rules otherwise, so the standard library gets the code rules and a corpus of stories the prose
+ones; `code` or `prose` applies one set to every document; `off` skips the step.
+"""
 
 from __future__ import annotations
 
@@ -14,20 +20,26 @@ from lmforge.data.pipeline.run import run_pipeline
 from lmforge.data.pipeline.writers import read_output
 
 SPEEDRUN_STEPS = ["quality", "pii", "exact_dedup", "minhash_dedup"]
-SETTINGS = ["quality.profile=code", "write.format=jsonl"]  # code rules suit prose files too
 
 
-def clean_corpus(path: str, workers: int, work: Path) -> tuple[Iterator[Document], dict]:
+def clean_corpus(
+    path: str, workers: int, work: Path, quality_profile: str = "auto"
+) -> tuple[Iterator[Document], dict]:
     """Run the speedrun's steps over `path` (empty: the stdlib) into `work`.
 
     Returns the cleaned documents (read lazily from `work`) and the report's statistics: the
     keys `files`, `skipped_not_utf8`, `documents_in`, `bytes_in`, `duplicates_removed`, plus
-    `near_duplicates_removed`, `quality_removed`, `pii_masked` and the full `pipeline` stats.
+    `near_duplicates_removed`, `quality_removed`, `quality_profiles` (documents judged by each
+    profile), `pii_masked` and the full `pipeline` stats.
     """
     if (work / "stats.json").exists() and not any(work.glob("shard_*")):
         shutil.rmtree(work)  # finished before and its shards already copied out: redo
-    flags = {"input": [path or "stdlib"], "output": str(work), "steps": SPEEDRUN_STEPS}
-    stats = run_pipeline(load_pipeline_config(None, {**flags, "workers": workers}, SETTINGS))
+    steps = [s for s in SPEEDRUN_STEPS if s != "quality" or quality_profile != "off"]
+    settings = ["write.format=jsonl"]
+    if quality_profile != "off":
+        settings.append(f"quality.profile={quality_profile}")
+    flags = {"input": [path or "stdlib"], "output": str(work), "steps": steps, "workers": workers}
+    stats = run_pipeline(load_pipeline_config(None, flags, settings))
     step = {s["name"]: s for s in stats["steps"]}
     read = step["read"]
     reasons = [r for r in ("not_utf8", "binary_file") if r in read["removed"]]
@@ -45,7 +57,12 @@ def clean_corpus(path: str, workers: int, work: Path) -> tuple[Iterator[Document
         "bytes_in": read["bytes_out"],
         "duplicates_removed": step["exact_dedup"]["removed"].get("duplicate", 0),
         "near_duplicates_removed": step["minhash_dedup"]["removed"].get("near_duplicate", 0),
-        "quality_removed": step["quality"]["removed"],
+        "quality_removed": step["quality"]["removed"] if "quality" in step else {},
+        "quality_profiles": {
+            name.removeprefix("profile_"): n
+            for name, n in step.get("quality", {}).get("counters", {}).items()
+            if name.startswith("profile_")
+        },
         "pii_masked": {k: v for k, v in step["pii"]["counters"].items() if k != "documents_masked"},
         "pipeline": stats,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from lmforge.data.code_detect import is_code, names_source_file
 from lmforge.data.documents import Document
 from lmforge.data.pipeline.step import Filter, Transform
 from lmforge.data.quality import CodeConfig, GopherConfig, quality_score
@@ -64,13 +65,14 @@ class LangId(Filter):
 
 
 class Quality(Filter):
-    """Gopher's rules for prose, the code profile for source files (`profile = auto`)."""
+    """Gopher's rules for prose, the code profile for source code (`profile = auto` chooses per
+    document: by its format or file name, then by its text; `code_detect.is_code`)."""
 
     name = "quality"
 
     @dataclass
     class Config:
-        profile: str = "auto"  # auto (by the document's format), prose or code
+        profile: str = "auto"  # auto (per document: source code or prose), prose or code
         gopher: GopherConfig = field(default_factory=GopherConfig)
         code: CodeConfig = field(default_factory=CodeConfig)
 
@@ -84,10 +86,15 @@ class Quality(Filter):
                 f"quality.profile {self.config.profile!r} is unknown: use auto, prose or code"
             )
 
+    def profile(self, doc: Document) -> str:
+        """The configured profile; under auto, code for source code and prose otherwise."""
+        if self.config.profile != "auto":
+            return self.config.profile
+        return "code" if is_code(doc) else "prose"
+
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
-        profile = self.config.profile
-        if profile == "auto":
-            profile = "code" if doc.meta.get("format") == "code" else "prose"
+        profile = self.profile(doc)
+        self.stats.count(f"profile_{profile}")  # how many documents each profile judged
         label, score = quality_score(doc.text, profile, self.config.gopher, self.config.code)
         doc.meta["quality_rules_score"] = round(score, 4)
         return (False, label) if label != "ok" else True
@@ -143,9 +150,9 @@ class Toxicity(Filter):
 class Pii(Transform):
     """Masks e-mail addresses, phone numbers, IPs and card numbers with typed placeholders.
 
-    `profile = auto` masks source files (format `code`, or a code extension in the record's
-    path or extension field) with the code profile and leaves the rest to the masker, which
-    treats text that looks like code as code and everything else as prose.
+    `profile = auto` masks source files (format `code`, or a code extension in the id or in the
+    record's path or extension field) with the code profile and leaves the rest to the masker,
+    which treats text that looks like code as code and everything else as prose.
     """
 
     name = "pii"
@@ -156,8 +163,6 @@ class Pii(Transform):
             default_factory=lambda: ["email", "phone", "ipv4", "ipv6", "credit_card"]
         )
         profile: str = "auto"  # auto (by the document's meta, then its text), prose or code
-
-    PATH_KEYS: ClassVar[tuple[str, ...]] = ("path", "file", "filename", "file_path", "ext")
 
     def setup(self) -> None:
         from lmforge.data.pii import ALL_TYPES, PROFILES
@@ -172,18 +177,10 @@ class Pii(Transform):
             )
 
     def profile(self, doc: Document) -> str:
-        """The configured profile; under auto, code where the meta names a source file."""
-        from lmforge.data.readers import CODE_SUFFIXES
-
+        """The configured profile; under auto, code where the meta or id names a source file."""
         if self.config.profile != "auto":
             return self.config.profile
-        if doc.meta.get("format") == "code":
-            return "code"
-        for key in self.PATH_KEYS:
-            value = doc.meta.get(key)
-            if isinstance(value, str) and "." + value.rsplit(".", 1)[-1].lower() in CODE_SUFFIXES:
-                return "code"
-        return "auto"
+        return "code" if names_source_file(doc) else "auto"
 
     def transform(self, doc: Document) -> Document | None:
         from lmforge.data.pii import mask_pii
