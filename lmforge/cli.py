@@ -296,7 +296,10 @@ def _plan_command(commands) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--interconnect", default="nvlink4,ib-ndr", help="INTRA,INTER link names")
     p.add_argument("--parallel", help="e.g. fsdp=8,tp=8 (also dp=, zero=0..3, sp=1); default FSDP")
-    p.add_argument("--precision", default="bf16", help="fp32, bf16, fp16 or fp8")
+    p.add_argument(
+        "--precision",
+        help="fp32, bf16, fp16 or fp8 (default: bf16; on cpu-local, what precision=auto picks)",
+    )
     p.add_argument("--seq-len", type=int, help="training sequence and inference context length")
     p.add_argument("--global-batch-tokens", default="4M", help="tokens per step (K/M/B suffixes)")
     p.add_argument("--tokens", help="tokens of the run (default: 20 per active parameter)")
@@ -304,6 +307,9 @@ def _plan_command(commands) -> None:
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per pass")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU of the compute (0.4)")
     p.add_argument("--explain", action="store_true", help="show the formula behind each line")
+    p.add_argument(
+        "--inference", action="store_true", help="serving only: no training sections"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 

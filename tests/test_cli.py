@@ -125,6 +125,7 @@ SURFACE = {
         "--micro-batch",
         "--mfu",
         "--explain",
+        "--inference",
         "--json",
     },
 }

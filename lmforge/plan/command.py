@@ -22,7 +22,7 @@ def plan_request(
     gpus_per_node: int = 8,
     interconnect: str = "nvlink4,ib-ndr",
     parallel: str | None = None,
-    precision: str = "bf16",
+    precision: str | None = None,
     seq_len: int | None = None,
     global_batch_tokens: str = "4M",
     tokens: str | None = None,
@@ -30,7 +30,12 @@ def plan_request(
     mfu: float = 0.4,
     micro_batch: int = 1,
 ) -> PlanRequest:
-    """A PlanRequest from the command's flags (strings where the command takes suffixes)."""
+    """A PlanRequest from the command's flags (strings where the command takes suffixes).
+
+    Without `precision`: bf16 on the hardware table's accelerators; on `cpu-local`, what
+    training's `precision = "auto"` picks on this CPU (bf16 only where it measured faster).
+    Without `tokens`: 20 per active parameter (Chinchilla).
+    """
     if gpus < 1 or gpus_per_node < 1 or micro_batch < 1:
         raise LmforgeError("--gpus, --gpus-per-node and --micro-batch must be 1 or more")
     if activation_checkpointing not in AC_MODES:
@@ -43,11 +48,19 @@ def plan_request(
     seq_len = seq_len or min(4096, shape.max_seq_len)
     if seq_len < 1:
         raise LmforgeError(f"--seq-len {seq_len} must be 1 or more")
-    run_tokens = (
-        parse_count(tokens, "--tokens")
-        if tokens is not None
-        else CHINCHILLA_TOKENS_PER_PARAM * param_counts(shape)["active"]
-    )
+    active = param_counts(shape)["active"]
+    tokens_rule = ""
+    if tokens is not None:
+        run_tokens = parse_count(tokens, "--tokens")
+    else:
+        run_tokens = CHINCHILLA_TOKENS_PER_PARAM * active
+        tokens_rule = (
+            f"{CHINCHILLA_TOKENS_PER_PARAM} · {active:,} active parameters (Chinchilla); "
+            "set with --tokens"
+        )
+    precision_rule = ""
+    if precision is None:
+        precision, precision_rule = _default_precision(hardware_name)
     return PlanRequest(
         shape=shape,
         device=hardware.device(hardware_name),
@@ -60,13 +73,25 @@ def plan_request(
         seq_len=seq_len,
         global_batch_tokens=parse_count(global_batch_tokens, "--global-batch-tokens"),
         tokens=run_tokens,
+        tokens_rule=tokens_rule,
+        precision_rule=precision_rule,
         activation_checkpointing=activation_checkpointing,
         mfu=mfu,
         micro_batch=micro_batch,
     )
 
 
-def run_plan(explain: bool = False, as_json: bool = False, **flags) -> str:
-    """The plan as text (with formulas when `explain`) or JSON."""
-    sections = build(plan_request(**flags))
+def _default_precision(hardware_name: str) -> tuple[str, str]:
+    if hardware_name != "cpu-local":
+        return "bf16", ""
+    from lmforge.device.capability import cpu_capability
+
+    if cpu_capability().fast_bf16():
+        return "bf16", "auto: bf16 measured faster than fp32 on this CPU"
+    return "fp32", "auto: bf16 is not faster than fp32 on this CPU"
+
+
+def run_plan(explain: bool = False, as_json: bool = False, inference: bool = False, **flags) -> str:
+    """The plan as text (with formulas when `explain`) or JSON; `inference`: serving only."""
+    sections = build(plan_request(**flags), inference_only=inference)
     return render_json(sections) if as_json else render_text(sections, explain)

@@ -32,6 +32,8 @@ class PlanRequest:
     global_batch_tokens: int
     tokens: int
     activation_checkpointing: str = "none"
+    tokens_rule: str = ""  # how `tokens` was chosen, when the user did not give it
+    precision_rule: str = ""  # how `precision` was chosen, when the user did not give it
     mfu: float = 0.4
     micro_batch: int = 1
 
@@ -69,31 +71,45 @@ def check(req: PlanRequest) -> None:
         raise LmforgeError(f"--mfu {req.mfu} must lie in (0, 1], e.g. 0.4")
 
 
-def build(req: PlanRequest) -> list[Section]:
+def build(req: PlanRequest, inference_only: bool = False) -> list[Section]:
+    """The plan's sections; `inference_only`: setup, parameters and inference, nothing of
+    training."""
     check(req)
+    inference_section = (f"Inference on {req.layout.tp} × {req.device.key}", inference_lines(req))
+    parameters = ("Parameters", params.lines(req.shape))
+    if inference_only:
+        return [("Setup", setup_lines(req, training=False)), parameters, inference_section]
     cluster = req.peak * req.gpus
     return [
         ("Setup", setup_lines(req)),
-        ("Parameters", params.lines(req.shape)),
+        parameters,
         ("FLOPs", flops.lines(req.shape, req.seq_len, req.tokens, cluster, req.mfu)),
         ("Memory per device (training)", memory_lines(req)),
         ("Communication per step", comm_lines(req)),
         ("Step time", step_lines(req)),
-        (f"Inference on {req.layout.tp} × {req.device.key}", inference_lines(req)),
+        inference_section,
     ]
 
 
-def setup_lines(req: PlanRequest) -> list[Line]:
+def setup_lines(req: PlanRequest, training: bool = True) -> list[Line]:
     nodes = max(1, req.gpus // req.gpus_per_node)
     dp = req.layout.data_parallel
-    return [
+    chosen = f" ({req.precision_rule})" if req.precision_rule else ""
+    lines = [
         Line("model", "model", f"{req.shape.name} ({req.shape.family} family)"),
         Line("hardware", "hardware", f"{req.gpus} × {req.device.name}", "", req.device.source),
         Line("nodes", "nodes", f"{nodes} × {min(req.gpus, req.gpus_per_node)} devices", "",
              f"inside a node: {req.intra.name}; across nodes: {req.inter.name}"),
         Line("layout", "parallel layout", req.layout.describe()),
-        Line("precision", "precision", req.precision.name, "",
+        Line("precision", "precision", f"{req.precision.name}{chosen}", "",
              f"matmuls at the {req.precision.matmul} peak {human(req.peak, 'FLOP/s')} per GPU"),
+    ]  # fmt: skip
+    if not training:
+        return lines
+    return [
+        *lines,
+        Line("tokens", "run tokens" + (" (default: 20 per active parameter)" if req.tokens_rule
+             else ""), req.tokens, "tok", req.tokens_rule or "--tokens"),
         Line("tokens_per_step", "tokens per step", req.tokens_per_step, "tok",
              f"seq_len·micro_batch·dp·accum = {req.seq_len}·{req.micro_batch}·{dp}·"
              f"{req.grad_accum}"),
@@ -250,13 +266,14 @@ def inference_lines(req: PlanRequest) -> list[Line]:
              f"peak / bandwidth = {human(peak, 'FLOP/s')} / {human(bw, 'B/s')}"),
     ]  # fmt: skip
     for name in dict.fromkeys((req.precision.name, "int8", "int4")):
-        lines += _decode_lines(req, name, WEIGHT_BYTES[name], peak, bw, mem, ctx)
+        lines += _decode_lines(req, name, WEIGHT_BYTES[name], peak, bw, mem, ctx, n)
     return lines
 
 
 def _decode_lines(
-    req: PlanRequest, name: str, wb: float, peak: float, bw: float, mem: float, ctx: int
+    req: PlanRequest, name: str, wb: float, peak: float, bw: float, mem: float, ctx: int, n: int
 ) -> list[Line]:
+    """Decode with weights of `wb` bytes each, split over `n` tensor-parallel devices."""
     s = req.shape
     batch = inference.max_batch(s, ctx, mem, wb)
     one = inference.decode_step(s, 1, ctx, peak, bw, wb)
@@ -264,8 +281,10 @@ def _decode_lines(
     short = inference.ridge_batch(s, 1, peak, bw, wb)
     weights = params.param_counts(s)["total"] * wb
     lines = [
-        Line(f"{name}.weights", f"[{name} weights] weight memory", weights, "B",
+        Line(f"{name}.weights", f"[{name} weights] weight memory, all {n} devices", weights, "B",
              f"{params.param_counts(s)['total']:,} params · {wb} B"),
+        Line(f"{name}.weights_per_device", f"[{name} weights] weight memory per device",
+             weights / n, "B", f"all devices / tp = {human(weights, 'B')} / {n}"),
         Line(f"{name}.max_batch", f"[{name} weights] max batch at {ctx} tokens", batch, "",
              f"({human(mem, 'B')} − weights) / KV per sequence"),
         Line(f"{name}.decode_1", f"[{name} weights] decode per token, batch 1", one.seconds, "s",

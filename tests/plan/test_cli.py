@@ -60,3 +60,36 @@ def test_bad_flags_are_one_line_errors(argv, message, capsys):
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_inference_plan_has_no_training_sections_and_labels_weight_memory(capsys):
+    argv = ["plan", "--model", "llama3-8b", "--gpus", "8", "--parallel", "tp=8", "--inference"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert list(plan) == ["setup", "parameters", "inference_on_8_×_h100-sxm"]
+    lines = plan["inference_on_8_×_h100-sxm"]
+    total, per_device = lines["bf16.weights"]["value"], lines["bf16.weights_per_device"]["value"]
+    assert per_device == pytest.approx(total / 8)
+    assert main(argv) == 0
+    assert "[bf16 weights] weight memory, all 8 devices" in capsys.readouterr().out
+
+
+def test_default_token_budget_is_stated_without_explain(capsys):
+    assert main(["plan", "--model", "small"]) == 0
+    assert "run tokens (default: 20 per active parameter)" in capsys.readouterr().out
+    assert main(["plan", "--model", "small", "--tokens", "1M"]) == 0
+    assert "default: 20 per active parameter" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("fast", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_cpu_local_precision_defaults_to_what_auto_picks(fast, expected, monkeypatch):
+    import lmforge.device.capability as capability
+    from lmforge.plan.command import _default_precision
+
+    class Capability:
+        def fast_bf16(self):
+            return fast
+
+    monkeypatch.setattr(capability, "cpu_capability", Capability)
+    assert _default_precision("cpu-local")[0] == expected
+    assert _default_precision("h100-sxm") == ("bf16", "")
