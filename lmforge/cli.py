@@ -176,19 +176,40 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.add_argument(
         "--prompts-file", metavar="FILE", help="one prompt per line, or JSON lines with 'prompt'"
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=128,
+        help="most tokens to generate (default 128; more than the context holds: the rest of "
+        "the context after the prompt)",
+    )
+    # Sampling flags default to None so that --beams can refuse the ones the user passed;
+    # generate_options fills in the defaults the help texts give.
+    p.add_argument("--temperature", type=float, help="0 for greedy decoding (default 0.8)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass (default 0.95)")
     p.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top one")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help=">1 avoids repeats")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI style, -2..2")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI style, -2..2")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--repetition-penalty", type=float, help=">1 avoids repeats (default 1)")
+    p.add_argument("--frequency-penalty", type=float, help="OpenAI style, -2..2 (default 0)")
+    p.add_argument("--presence-penalty", type=float, help="OpenAI style, -2..2 (default 0)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="stop string (repeatable); backslash escapes are decoded: \\n, \\t, \\r, \\0, "
+        "\\uXXXX, and \\\\ for a backslash",
+    )
     p.add_argument("--seed", type=int, help="random seed for reproducible samples")
     p.add_argument("--logprobs", action="store_true", help="print each token's log-probability")
-    p.add_argument("--beams", type=int, default=0, help="beam search with this many beams")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score: sum/len**this")
+    p.add_argument(
+        "--beams",
+        type=int,
+        help="beam search with this many beams (2 or more; deterministic, so the sampling "
+        "flags, --seed, --stop and --logprobs are refused with it)",
+    )
+    p.add_argument(
+        "--length-penalty", type=float, help="with --beams: score = sum/len**this (default 1)"
+    )
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
@@ -531,31 +552,17 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lmforge.infer.engine import SamplingParams
-    from lmforge.infer.run import read_prompts, run_generate
+    from lmforge.infer import run
 
-    params = SamplingParams(
-        max_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        frequency_penalty=args.frequency_penalty,
-        presence_penalty=args.presence_penalty,
-        stop=tuple(args.stop),
-        seed=args.seed,
-        logprobs=args.logprobs,
-    )
-    params.validate()
-    prompts = [args.prompt] if args.prompts_file is None else read_prompts(args.prompts_file)
-    run_generate(
+    params, beams, length_penalty = run.generate_options(vars(args))
+    prompts = [args.prompt] if args.prompts_file is None else run.read_prompts(args.prompts_file)
+    run.run_generate(
         args.checkpoint,
         prompts,
         params,
-        stream=args.prompts_file is None and not args.logprobs and not args.beams,
-        beams=args.beams,
-        length_penalty=args.length_penalty,
+        stream=args.prompts_file is None and not args.logprobs and not beams,
+        beams=beams,
+        length_penalty=length_penalty,
         batch_size=args.batch_size,
         compile=args.compile,
         device=args.device,

@@ -80,3 +80,79 @@ def test_a_bad_prompts_file_is_a_clear_error(checkpoint, tmp_path, capsys):
         == 2
     )
     assert "'prompt' field" in capsys.readouterr().err
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What `lmforge generate` hands run_generate (which loads no model here)."""
+    import lmforge.infer.run as run
+
+    seen = {}
+
+    def record(checkpoint, prompts, params, **options):
+        seen.update(options, params=params)
+
+    monkeypatch.setattr(run, "run_generate", record)
+    return seen
+
+
+def flags(*args):
+    return main(["generate", "--checkpoint", "unused", "--prompt", "x", *map(str, args)])
+
+
+def test_stop_strings_take_backslash_escapes(recorded):
+    assert flags("--stop", r"\n", "--stop", r"a\tb\\n\u00e9", "--stop", "é\n") == 0
+    assert recorded["params"].stop == ("\n", "a\tb\\né", "é\n")
+
+
+def test_an_unknown_escape_in_a_stop_string_is_refused(recorded, capsys):
+    assert flags("--stop", r"\q") == 2
+    assert r"unknown escape \q" in capsys.readouterr().err
+
+
+def test_sampling_defaults_are_filled_in_when_not_given(recorded):
+    assert flags() == 0
+    params = recorded["params"]
+    assert (params.temperature, params.top_p, params.repetition_penalty) == (0.8, 0.95, 1.0)
+    assert recorded["beams"] == 0 and recorded["length_penalty"] == 1.0
+    assert flags("--beams", 3, "--length-penalty", 0.5, "--max-new-tokens", 5) == 0
+    assert (recorded["beams"], recorded["length_penalty"]) == (3, 0.5)
+    assert recorded["stream"] is False
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--beams", 3, "--temperature", 0.5], "--beams searches deterministically: --temperature"),
+        (["--beams", 2, "--top-p", 0.9, "--seed", 1], "--top-p, --seed"),
+        (["--beams", 2, "--logprobs"], "--logprobs"),
+        (["--beams", 2, "--stop", "x"], "--stop"),
+        (["--beams", 2, "--repetition-penalty", 1.0], "--repetition-penalty"),
+        (["--beams", 0], "--beams 0 is not a beam search: pass 2 or more"),
+        (["--beams", 1], "--beams 1 is not a beam search"),
+        (["--length-penalty", 2], "--length-penalty scores beams"),
+    ],
+)
+def test_contradictory_beam_flags_are_refused(recorded, capsys, args, message):
+    assert flags(*args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert "params" not in recorded
+
+
+def test_max_new_tokens_beyond_the_context_is_capped_with_a_note(checkpoint, capsys):
+    args = ["--prompt", "def f(", "--max-new-tokens", "500", "--temperature", "0", "--logprobs"]
+    assert main(["generate", "--checkpoint", str(checkpoint), *args]) == 0
+    out, err = capsys.readouterr()
+    record = json.loads(out)
+    assert record["tokens"] <= 64 - 3 and record["finish_reason"] in ("length", "stop")
+    assert "--max-new-tokens 500 does not fit the model's 64-token context" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_prompt_cut_to_fit_the_context_gets_a_note(checkpoint, capsys):
+    args = ["--prompt", "word " * 80, "--max-new-tokens", "4", "--temperature", "0"]
+    assert main(["generate", "--checkpoint", str(checkpoint), *args]) == 0
+    err = capsys.readouterr().err
+    assert "1 of 1 prompts do not fit the 64-token context" in err
+    assert len(err.strip().splitlines()) == 1
