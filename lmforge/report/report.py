@@ -2,11 +2,17 @@
 
 The report is assembled from what the run wrote to disk (config, data statistics, metrics,
 evaluation, samples), so it can be regenerated at any time.
+
+Two evaluations are named apart: the *final evaluation* (up to 64 batches of the validation
+split, after training: the report's headline, `final_val_*` in metrics.jsonl) and the
+*periodic validation* during training (`train.eval_batches` batches: `val_*` in metrics.jsonl).
+A run whose final evaluation does not beat the unigram baseline gets a warning line.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +35,9 @@ class ReportData:
     tokenizer: dict  # vocab_size, bytes_per_token
     model: dict  # parameters, ...
     training: dict  # steps, seconds, tokens, tokens_per_s, precision, mfu, peak_memory_bytes
-    evaluation: dict  # val_loss, val_bpb, unigram_bpb
+    # val_loss, val_bpb, unigram_bpb of the final evaluation; optionally its batches, windows,
+    # seq_len and tokens, and periodic_val_bpb and periodic_batches of the periodic validation
+    evaluation: dict
     samples: list[Sample] = field(default_factory=list)
 
 
@@ -63,17 +71,75 @@ def _throughput(tr: dict) -> list[str]:
     if "precision" not in tr:
         return []
     return [
-        "| precision | tokens/s | MFU | peak memory | skipped steps |",
-        "|---|---|---|---|---|",
+        "| precision | tokens/s | MFU | peak memory | skipped steps | CPU threads |",
+        "|---|---|---|---|---|---|",
         f"| {tr['precision']} | {tr['tokens_per_s']:.0f} | {tr['mfu']:.1%} | "
-        f"{tr['peak_memory_bytes'] / 2**20:.1f} MB | {tr.get('skipped_steps', 0)} |",
+        f"{tr['peak_memory_bytes'] / 2**20:.1f} MB | {tr.get('skipped_steps', 0)} | "
+        f"{tr.get('threads', '')} |",
         "",
         "MFU: the model's analytic training FLOPs per token (6 per weight plus attention) times "
         "tokens/s, over the peak matmul FLOP/s of the precision used (measured on a CPU, "
         "datasheet on a GPU). Peak memory: the CUDA allocator's peak on a GPU; elsewhere "
-        "weights, gradients, optimizer state and the activations saved for backward (measured).",
+        "weights, gradients, optimizer state and the activations saved for backward (measured). "
+        "CPU threads: given by --threads or LMFORGE_THREADS, else the fastest of the counts "
+        "timed on the first steps.",
         "",
     ]
+
+
+def baseline_warning(val_bpb: float, unigram_bpb: float) -> str | None:
+    """The warning for a model that does not beat the unigram baseline, else None."""
+    if val_bpb < unigram_bpb:
+        return None
+    return (
+        f"the model does not beat the unigram baseline ({val_bpb:.4f} vs {unigram_bpb:.4f} bits "
+        "per byte): it predicts no better than token frequencies alone; train longer, lower "
+        "train.lr, or check the data"
+    )
+
+
+def warn_if_behind_baseline(val_bpb: float, unigram_bpb: float) -> None:
+    """Print `baseline_warning` on stderr when there is one: the console's copy of the report's."""
+    warning = baseline_warning(val_bpb, unigram_bpb)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def _result(ev: dict) -> list[str]:
+    """The Result section's warning, table and the note that tells the two evaluations apart."""
+    warning = baseline_warning(ev["val_bpb"], ev["unigram_bpb"])
+    ratio = ev["unigram_bpb"] / ev["val_bpb"]
+    improvement = f"{ratio:.2f}× fewer bits" if warning is None else f"none ({ratio:.2f}×)"
+    lines = [f"> **Warning: {warning}**", ""] if warning else []
+    lines += [
+        "| metric | value |",
+        "|---|---|",
+        f"| final evaluation: validation loss (nats/token) | {ev['val_loss']:.4f} |",
+        f"| final evaluation: validation bits per byte | **{ev['val_bpb']:.4f}** |",
+        f"| unigram baseline bits per byte | {ev['unigram_bpb']:.4f} |",
+        f"| improvement over unigram | {improvement} |",
+    ]
+    if "periodic_val_bpb" in ev:
+        lines.append(
+            f"| periodic validation bits per byte, last (`val_bpb` in metrics.jsonl) | "
+            f"{ev['periodic_val_bpb']:.4f} |"
+        )
+    lines.append("")
+    if "batches" in ev:
+        periodic = ev.get("periodic_batches")
+        lines += [
+            f"The final evaluation read {ev['batches']} batches ({ev['windows']} windows of "
+            f"{ev['seq_len']} tokens, {ev['tokens']:,} text tokens) of the validation split "
+            "after training: `final_val_loss` and `final_val_bpb` in metrics.jsonl. "
+            + (
+                f"The periodic validation during training reads {periodic} batches "
+                f"(`train.eval_batches`): `val_loss` and `val_bpb` there, so the two differ."
+                if periodic
+                else ""
+            ),
+            "",
+        ]
+    return lines
 
 
 def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
@@ -84,13 +150,7 @@ def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
         "",
         "## Result",
         "",
-        "| metric | value |",
-        "|---|---|",
-        f"| validation loss (nats/token) | {ev['val_loss']:.4f} |",
-        f"| validation bits per byte | **{ev['val_bpb']:.4f}** |",
-        f"| unigram baseline bits per byte | {ev['unigram_bpb']:.4f} |",
-        f"| improvement over unigram | {ev['unigram_bpb'] / ev['val_bpb']:.2f}× fewer bits |",
-        "",
+        *_result(ev),
         "## Data",
         "",
         "| | |",

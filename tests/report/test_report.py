@@ -1,6 +1,9 @@
 import json
 
+import pytest
+
 from lmforge.report import ReportData, Sample, write_report
+from lmforge.report.report import baseline_warning, render, warn_if_behind_baseline
 
 
 def test_report_has_numbers_plot_and_samples(tmp_path):
@@ -11,7 +14,26 @@ def test_report_has_numbers_plot_and_samples(tmp_path):
             )
             f.write("\n")
         f.write(json.dumps({"step": 100, "val_loss": 3.5, "val_bpb": 1.2}) + "\n")
-    data = ReportData(
+    data = _data({"val_loss": 3.5, "val_bpb": 1.2, "unigram_bpb": 2.4})
+    path = write_report(tmp_path, data)
+    text = path.read_text()
+    assert "| final evaluation: validation bits per byte | **1.2000** |" in text
+    assert "| unigram baseline bits per byte | 2.4000 |" in text
+    assert "2.00× fewer bits" in text
+    assert "| exact duplicates removed | 1 |" in text
+    assert "| near duplicates removed (MinHash) | 2 |" in text
+    assert "| PII masked | 5 (email 4, ipv4 1) |" in text
+    assert "3.25 bytes per token" in text
+    assert "| bf16 | 83 | 41.0% | 1.5 MB | 2 |" in text
+    assert "def f(x):\n    return x" in text
+    assert "![loss curve](plots/loss.png)" in text
+    png = (tmp_path / "plots" / "loss.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    assert "Warning" not in text
+
+
+def _data(evaluation):
+    return ReportData(
         name="t",
         config_toml="[train]\nlr = 0.001\n",
         data_stats={
@@ -38,20 +60,42 @@ def test_report_has_numbers_plot_and_samples(tmp_path):
             "peak_memory_bytes": 3 * 2**19,
             "skipped_steps": 2,
         },
-        evaluation={"val_loss": 3.5, "val_bpb": 1.2, "unigram_bpb": 2.4},
+        evaluation=evaluation,
         samples=[Sample("def ", "f(x):\n    return x")],
     )
-    path = write_report(tmp_path, data)
-    text = path.read_text()
-    assert "| validation bits per byte | **1.2000** |" in text
-    assert "| unigram baseline bits per byte | 2.4000 |" in text
-    assert "2.00× fewer bits" in text
-    assert "| exact duplicates removed | 1 |" in text
-    assert "| near duplicates removed (MinHash) | 2 |" in text
-    assert "| PII masked | 5 (email 4, ipv4 1) |" in text
-    assert "3.25 bytes per token" in text
-    assert "| bf16 | 83 | 41.0% | 1.5 MB | 2 |" in text
-    assert "def f(x):\n    return x" in text
-    assert "![loss curve](plots/loss.png)" in text
-    png = (tmp_path / "plots" / "loss.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+
+def _render(evaluation):
+    text = render(_data(evaluation), "plots/loss.png")
+    return text[: text.index("## Data")]
+
+
+def test_a_model_worse_than_unigram_is_flagged_not_praised():
+    result = _render({"val_loss": 5.0, "val_bpb": 2.5, "unigram_bpb": 2.4})
+    assert "> **Warning: the model does not beat the unigram baseline (2.5000 vs 2.4000" in result
+    assert "| improvement over unigram | none (0.96×) |" in result
+    assert "fewer bits" not in result
+
+
+def test_final_and_periodic_evaluations_are_labelled_apart():
+    evaluation = {"val_loss": 3.5, "val_bpb": 1.2, "unigram_bpb": 2.4, "batches": 64}
+    evaluation |= {"windows": 512, "seq_len": 256, "tokens": 130_000}
+    evaluation |= {"periodic_val_bpb": 1.25, "periodic_batches": 16}
+    result = _render(evaluation)
+    assert "| final evaluation: validation bits per byte | **1.2000** |" in result
+    assert (
+        "| periodic validation bits per byte, last (`val_bpb` in metrics.jsonl) | 1.2500 |"
+        in result
+    )
+    assert "The final evaluation read 64 batches (512 windows of 256 tokens, 130,000" in result
+    assert "`final_val_loss` and `final_val_bpb` in metrics.jsonl" in result
+    assert "reads 16 batches (`train.eval_batches`)" in result
+
+
+@pytest.mark.parametrize("val_bpb,warned", [(2.4, True), (2.5, True), (2.39, False)])
+def test_the_console_is_warned_of_a_run_behind_the_baseline(val_bpb, warned, capsys):
+    assert (baseline_warning(val_bpb, 2.4) is not None) == warned
+    warn_if_behind_baseline(val_bpb, 2.4)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: the model does not beat the unigram baseline") == warned
+    assert err.count("\n") == warned
