@@ -219,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
     p.add_argument(
         "--data",
-        help="token shard folder (its val shard) or raw data "
-        "(its held-out split; default: the built-in corpus)",
+        help="token shard folder (its val shard) or raw data (its held-out split); default: "
+        "the validation split of the data the checkpoint's run trained on",
     )
     p.add_argument("--max-batches", type=int, default=64, help="evaluation batches of 8 windows")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
@@ -590,9 +590,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from lmforge.eval.run import evaluate_checkpoint
 
-    result = evaluate_checkpoint(
+    evaluated = evaluate_checkpoint(
         args.checkpoint, args.data, max_batches=args.max_batches, device=args.device
     )
+    result = evaluated.result
+    print(evaluated.describe())
     print(
         f"val loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte "
         f"({result.tokens:,} tokens, {result.bytes:,} bytes)"
