@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from lmforge.data.documents import Document, stdlib_root
 from lmforge.data.stats import StepStats
 from lmforge.data.streams import TruncatedFile, read_all, read_chunks, read_lines, strip_compression
-from lmforge.errors import LmforgeError
+from lmforge.extras import import_extra
 
 if TYPE_CHECKING:
     from lmforge.data.readers import ReadConfig, Unit
@@ -128,10 +128,7 @@ def _jsonl(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
 
 
 def _parquet(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise LmforgeError("reading Parquet needs pyarrow: pip install 'lmforge[parquet]'") from e
+    pq = import_extra("pyarrow.parquet", "reading Parquet files", "parquet")
     file = pq.ParquetFile(unit.path)
     row = 0
     for batch in file.iter_batches(batch_size=1024):

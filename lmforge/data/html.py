@@ -18,6 +18,7 @@ import codecs
 import re
 
 from lmforge.data import web_encodings
+from lmforge.extras import import_extra
 
 BOMS = (
     (codecs.BOM_UTF8, "utf-8-sig"),
@@ -56,17 +57,15 @@ def decode_html(raw: bytes, declared: str | None = None) -> tuple[str, str]:
             return web_encodings.decode(raw, name), codec
         except UnicodeDecodeError:
             continue
-    from resiliparse.parse.encoding import bytes_to_str, detect_encoding
-
-    guess = detect_encoding(raw)
-    return bytes_to_str(raw, guess, errors="replace"), guess
+    encoding = import_extra("resiliparse.parse.encoding", "decoding HTML", "data")
+    guess = encoding.detect_encoding(raw)
+    return encoding.bytes_to_str(raw, guess, errors="replace"), guess
 
 
 def html_to_text(html: str, main_content: bool = False) -> str:
     """Plain text of a page with its paragraph structure; `main_content` drops boilerplate."""
-    from resiliparse.extract.html2text import extract_plain_text
-
-    text = extract_plain_text(
+    html2text = import_extra("resiliparse.extract.html2text", "extracting HTML", "data")
+    text = html2text.extract_plain_text(
         html,
         preserve_formatting=True,
         main_content=main_content,

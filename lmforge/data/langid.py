@@ -8,18 +8,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lmforge.errors import LmforgeError
+from lmforge.extras import import_extra
 
 MAX_CHARS = 4000  # the head of a document decides; more text rarely changes the answer
 
 
 @lru_cache(maxsize=1)
 def _identifier():
-    try:
-        from py3langid.langid import MODEL_FILE, LanguageIdentifier
-    except ImportError as e:
-        raise LmforgeError("language ID needs py3langid: pip install 'lmforge[data]'") from e
-    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    langid = import_extra("py3langid.langid", "language ID", "data")
+    return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
 
 
 def identify(text: str, max_chars: int = MAX_CHARS) -> tuple[str, float]:

@@ -11,6 +11,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from lmforge.extras import import_extra
+
 CHUNK = 1 << 20
 COMPRESSED = (".gz", ".zst", ".zstd")
 
@@ -39,8 +41,7 @@ def read_chunks(path: str | Path) -> Iterator[bytes]:
         if name.endswith(".gz"):
             yield from _decompress(raw, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), zlib.error)
         elif name.endswith((".zst", ".zstd")):
-            import zstandard
-
+            zstandard = import_extra("zstandard", "reading .zst files", "data")
             new = zstandard.ZstdDecompressor().decompressobj
             yield from _decompress(raw, new, zstandard.ZstdError)
         else:

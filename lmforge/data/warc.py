@@ -20,6 +20,7 @@ from pathlib import Path
 from lmforge.data.documents import Document
 from lmforge.data.html import charset_from_content_type, decode_html
 from lmforge.data.stats import StepStats
+from lmforge.extras import import_extra
 
 HTML_TYPES = ("text/html", "application/xhtml")
 GZIP_MAGIC = b"\x1f\x8b\x08"
@@ -37,9 +38,8 @@ def warc_documents(path: Path, stats: StepStats) -> Iterator[Document]:
 
 def _records(stream, base: int, path: Path, stats: StepStats) -> Iterator[Document]:
     """Documents of the records in `stream`; an unreadable record raises."""
-    from warcio.archiveiterator import ArchiveIterator
-
-    records = ArchiveIterator(stream)
+    archive = import_extra("warcio.archiveiterator", "reading WARC files", "data")
+    records = archive.ArchiveIterator(stream)
     for record in records:
         body = record.content_stream().read()
         doc = _document(path, record, body, base + records.get_record_offset(), stats)
@@ -85,14 +85,13 @@ def _member(f, pos: int) -> tuple[bytes | None, int | None]:
 
 
 def _plain_documents(path: Path, stats: StepStats) -> Iterator[Document]:
-    from warcio.archiveiterator import ArchiveIterator
-
+    archive = import_extra("warcio.archiveiterator", "reading WARC files", "data")
     with open(path, "rb") as f:
         start: int | None = 0
         resumed = False
         while start is not None:
             f.seek(start)
-            records = ArchiveIterator(f)
+            records = archive.ArchiveIterator(f)
             last, read_any = start, False
             try:
                 for record in records:

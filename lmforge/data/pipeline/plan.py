@@ -84,18 +84,39 @@ class Layout:
     def final(self, s: int, fmt: str) -> Path:
         return self.out / shard_name(s, fmt)
 
+    def temp_files(self) -> list[Path]:
+        """The temporary files a run may leave when killed mid-write (only names it writes)."""
+        names = ("shard_*.tmp", "pipeline.json.tmp", "stats.json.tmp", "summary.md.tmp")
+        found = [p for name in names for p in self.out.glob(name)]
+        if self.work.is_dir():
+            found += [p for p in self.work.rglob("*") if ".tmp" in p.name and p.is_file()]
+        return sorted(set(found))
 
-def write_json(path: Path, obj: Any) -> None:
+
+def write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` under a temporary name, renamed when complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
 
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -11,16 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from lmforge.data.pipeline.executor import Executor
-from lmforge.errors import LmforgeError
+from lmforge.extras import import_extra
 
 
 class RayExecutor(Executor):
     def __init__(self, workers: int = 1, address: str = "") -> None:
         super().__init__(workers)
-        try:
-            import ray
-        except ImportError as e:
-            raise LmforgeError("--executor ray needs Ray: pip install 'lmforge[ray]'") from e
+        ray = import_extra("ray", "--executor ray", "ray")
         self.ray = ray
         self.started = False
         if not ray.is_initialized():

@@ -7,6 +7,8 @@ from typing import Any
 
 from lmforge.data.pipeline.config import PipelineConfig, load_pipeline_config
 from lmforge.data.pipeline.executor import Executor, LocalExecutor
+from lmforge.data.pipeline.plan import Layout
+from lmforge.data.pipeline.requirements import check_requirements, input_needs, require_all
 from lmforge.data.readers import ReadConfig, list_units, plan_shards, read_shard
 from lmforge.data.stats import StepStats
 from lmforge.errors import LmforgeError
@@ -21,9 +23,20 @@ def make_executor(cfg: PipelineConfig) -> Executor:
 
 
 def run_pipeline(cfg: PipelineConfig) -> dict:
-    """Run `cfg` with its executor; returns the merged stats (also in OUTPUT/stats.json)."""
-    with make_executor(cfg) as executor:
-        return executor.run(cfg)
+    """Run `cfg` with its executor; returns the merged stats (also in OUTPUT/stats.json).
+
+    What the config needs installed is checked first, before the output folder is claimed. A
+    run that fails (any exception, Ctrl-C too) leaves its finished tasks for a rerun to resume
+    from, and no temporary files.
+    """
+    check_requirements(cfg)
+    try:
+        with make_executor(cfg) as executor:
+            return executor.run(cfg)
+    except BaseException:
+        for path in Layout(cfg.output).temp_files():  # workers are stopped by now
+            path.unlink(missing_ok=True)
+        raise
 
 
 def data_run(config_path: str | None, flags: dict[str, Any], overrides: list[str]) -> dict:
@@ -41,7 +54,9 @@ def read_texts(paths: list[str]) -> list[str]:
     """Every document's text under `paths` (any format the pipeline reads)."""
     cfg = ReadConfig()
     stats = StepStats("read")
-    units = [u for shard in plan_shards(list_units(paths), cfg.shard_bytes) for u in shard]
+    listed = list_units(paths)
+    require_all(input_needs(listed))
+    units = [u for shard in plan_shards(listed, cfg.shard_bytes) for u in shard]
     return [doc.text for doc in read_shard(units, cfg, stats)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from lmforge.data.pipeline.config import PipelineConfig
-from lmforge.data.pipeline.plan import Layout, write_json
+from lmforge.data.pipeline.plan import Layout, write_json, write_text
 from lmforge.data.stats import StepStats
 from lmforge.errors import LmforgeError
 
@@ -60,7 +60,7 @@ def finish_run(layout: Layout, cfg: PipelineConfig, results: list[dict], shards:
         "steps": [s.to_dict() for s in steps],
     }
     write_json(layout.out / "stats.json", stats)
-    (layout.out / "summary.md").write_text(render_summary(stats))
+    write_text(layout.out / "summary.md", render_summary(stats))
     return stats
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lmforge.data.documents import Document
+from lmforge.extras import import_extra
 
 PARQUET_ROWS = 2048
 
@@ -26,8 +27,12 @@ def write_shard(path: str | Path, docs: Iterable[Document], fmt: str) -> int:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    count = _write_parquet(tmp, docs) if fmt == "parquet" else _write_jsonl(tmp, docs, fmt)
-    os.replace(tmp, path)
+    try:
+        count = _write_parquet(tmp, docs) if fmt == "parquet" else _write_jsonl(tmp, docs, fmt)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return count
 
 
@@ -35,8 +40,7 @@ def _write_jsonl(path: Path, docs: Iterable[Document], fmt: str) -> int:
     count = 0
     with open(path, "wb") as raw:
         if fmt == "jsonl.zst":
-            import zstandard
-
+            zstandard = import_extra("zstandard", "writing jsonl.zst shards", "data")
             stream = zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False)
         else:
             stream = raw
@@ -49,8 +53,8 @@ def _write_jsonl(path: Path, docs: Iterable[Document], fmt: str) -> int:
 
 
 def _write_parquet(path: Path, docs: Iterable[Document]) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = import_extra("pyarrow", "writing Parquet shards", "parquet")
+    pq = import_extra("pyarrow.parquet", "writing Parquet shards", "parquet")
 
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("meta", pa.string())])
     count = 0
@@ -84,7 +88,7 @@ def read_shard_file(path: str | Path) -> Iterator[Document]:
     """The documents of a shard this module wrote, in order."""
     path = Path(path)
     if path.name.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        pq = import_extra("pyarrow.parquet", "reading Parquet shards", "parquet")
 
         for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_ROWS):
             for row in batch.to_pylist():
@@ -92,8 +96,7 @@ def read_shard_file(path: str | Path) -> Iterator[Document]:
         return
     with open(path, "rb") as raw:
         if path.name.endswith(".zst"):
-            import zstandard
-
+            zstandard = import_extra("zstandard", "reading jsonl.zst shards", "data")
             stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
         else:
             stream = raw
