@@ -119,20 +119,28 @@ def plan_shards(units: list[Unit], shard_bytes: int) -> list[list[Unit]]:
 
 
 def read_shard(units: list[Unit], cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
-    """Documents of the units in order; every skip is a reason in `stats`."""
+    """Documents of the units in order; every skip is a reason in `stats`.
+
+    `docs_in` counts every item read: each document a reader yields, and each file, line or
+    record it skips (a non-UTF-8 file, a bad JSON line), so `docs_in = docs_out + removed`.
+    """
     from lmforge.data.formats import READERS
 
     for unit in units:
         stats.count("files")
+        removed_before = sum(stats.removed.values())
+        yielded_removed = 0  # removals of documents already counted in docs_in
         try:
             for doc in READERS[unit.kind](unit, cfg, stats):
                 stats.docs_in += 1
                 if not doc.text.strip():
                     stats.remove("empty", doc.id)
+                    yielded_removed += 1
                     continue
                 size = len(doc.text.encode("utf-8", errors="surrogatepass"))
                 if size > cfg.max_doc_bytes:
                     stats.remove("too_large", doc.id, doc.text)
+                    yielded_removed += 1
                     continue
                 stats.docs_out += 1
                 stats.bytes_in += size
@@ -144,3 +152,4 @@ def read_shard(units: list[Unit], cfg: ReadConfig, stats: StepStats) -> Iterator
             stats.remove("corrupt_file", unit.path, str(e))
         except (OSError, ValueError, LmforgeError) as e:
             stats.remove("unreadable_file", unit.path, f"{type(e).__name__}: {e}")
+        stats.docs_in += sum(stats.removed.values()) - removed_before - yielded_removed

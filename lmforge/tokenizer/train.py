@@ -45,12 +45,13 @@ def train_bpe(
 
     Each text is pre-tokenized on its own (`pattern`: a regex, or "gpt2"/"gpt4"); special tokens
     split it further and are never merged into. The most frequent adjacent pair is merged first;
-    ties go to the greatest `(bytes_a, bytes_b)`. Stops early when no pair is left. `workers`
+    ties go to the greatest `(bytes_a, bytes_b)`. Stops early when no pair is left, with a
+    warning on stderr (no text at all gives the 256 bytes and the special tokens). `workers`
     processes count pre-tokens (default: all cores; small inputs stay in this process).
     """
     specials, pattern = _check_args(vocab_size, special_tokens, pattern)
     chunks = text_chunks(texts, specials, chunk_bytes)
-    return _train(chunks, vocab_size, specials, pattern, workers, total=None)
+    return _train(chunks, vocab_size, specials, pattern, workers, None, "the input")
 
 
 def train_bpe_files(
@@ -70,7 +71,7 @@ def train_bpe_files(
 
     `max_bytes` (0: all) stops reading after that many bytes (JSONL: at the end of that line).
     Bytes that are not UTF-8 are replaced by U+FFFD (`invalid_utf8="skip"`: dropped), counted in
-    `stats`, and reported once.
+    `stats`, and reported once. Files without any text are an error.
     """
     specials, pattern = _check_args(vocab_size, special_tokens, pattern)
     stats = stats if stats is not None else InputStats()
@@ -79,7 +80,9 @@ def train_bpe_files(
     if max_bytes:
         total = min(total, max_bytes)
     chunks = file_chunks(files, specials, chunk_bytes, invalid_utf8, stats, max_bytes)
-    tokenizer = _train(chunks, vocab_size, specials, pattern, workers, total)
+    names = [str(p) for p in paths]
+    source = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    tokenizer = _train(chunks, vocab_size, specials, pattern, workers, total, source, True)
     if stats.invalid_utf8:
         action = "replaced by U+FFFD" if invalid_utf8 == "replace" else "skipped"
         print(
@@ -113,13 +116,25 @@ def _train(
     pattern: str,
     workers: int | None,
     total: int | None,
+    source: str,
+    need_text: bool = False,
 ) -> Tokenizer:
     workers = default_workers() if workers is None or workers <= 0 else workers
     counts = count_pretokens(chunks, specials, pattern, workers, total)
+    if need_text and not counts:
+        raise LmforgeError(f"no text to train the tokenizer on in {source}: pass files with text")
     words, freqs = _words(counts)
     n_merges = vocab_size - len(specials) - 256
     with bar(total=n_merges, desc="merges", unit="merge") as progress:
         merges = learn_merges(words, freqs, n_merges, progress)
+    if len(merges) < n_merges:
+        reached = 256 + len(merges) + len(specials)
+        print(
+            f"warning: the tokenizer's vocabulary reached {reached} of the requested "
+            f"{vocab_size} tokens: {source} holds no more pairs to merge; add text or lower "
+            "the vocabulary size",
+            file=sys.stderr,
+        )
     ranks = {bytes([b]): b for b in range(256)}
     for a, b in merges:
         ranks[a + b] = len(ranks)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from lmforge.errors import LmforgeError
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens.shards import ShardMeta, token_dtype, write_meta, write_shard
@@ -67,7 +68,10 @@ def tokenize_splits(
     totals: dict[str, int] | None = None,
 ) -> ShardMeta:
     """Write one shard per named split of texts into `out_dir`, a copy of the tokenizer into
-    `out_dir/tokenizer`, and last `meta.json`, which marks the folder complete."""
+    `out_dir/tokenizer`, and last `meta.json`, which marks the folder complete.
+
+    A split without documents is an error: its files are removed and no `meta.json` is written.
+    """
     tokenizer.save(Path(out_dir) / "tokenizer")
     counts = {
         name: write_shard(
@@ -80,6 +84,14 @@ def tokenize_splits(
         )
         for name, texts in splits.items()
     }
+    empty = [name for name, c in counts.items() if c["documents"] == 0]
+    if empty:
+        for name in empty:
+            for suffix in (".bin", ".idx"):
+                (Path(out_dir) / f"{name}{suffix}").unlink(missing_ok=True)
+        raise LmforgeError(
+            f"the {' and '.join(empty)} split(s) hold no documents: nothing to write to {out_dir}"
+        )
     meta = ShardMeta(
         dtype=token_dtype(tokenizer.vocab_size).str,
         vocab_size=tokenizer.vocab_size,

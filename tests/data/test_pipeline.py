@@ -164,3 +164,17 @@ def test_output_folder_with_another_config_is_refused(corpus, tmp_path):
     run_pipeline(_cfg(corpus, tmp_path / "out", steps="exact_dedup"))
     with pytest.raises(LmforgeError, match="another config"):
         run_pipeline(_cfg(corpus, tmp_path / "out", steps="pii"))
+
+
+def test_the_read_row_counts_every_file_read(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "good.txt").write_text("a readable line of text\n")
+    (root / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    out = tmp_path / "out"
+    flags = {"input": [str(root)], "output": str(out)}
+    stats = run_pipeline(load_pipeline_config(None, flags, ["write.format=jsonl"]))
+    read = stats["steps"][0]
+    assert (read["docs_in"], read["docs_out"], read["removed"]) == (2, 1, {"not_utf8": 1})
+    assert stats["documents_in"] == 2
+    assert "| read | 2 | 1 | 1 |" in (out / "summary.md").read_text()

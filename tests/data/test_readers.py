@@ -135,6 +135,7 @@ def test_bad_lines_empty_binary_large_and_not_utf8(tmp_path):
         "not_utf8": 1,
     }
     assert stats.examples["bad_json"][0]["id"].endswith("a.jsonl:2")
+    assert stats.docs_in == 8 == stats.docs_out + sum(stats.removed.values())  # all items read
 
 
 def test_a_50mb_single_line_document_is_skipped_not_fatal(tmp_path):

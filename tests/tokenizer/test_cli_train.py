@@ -66,3 +66,18 @@ def test_invalid_utf8_flag(tmp_path, capsys):
     replaced, skipped = Tokenizer.load(tmp_path / "r"), Tokenizer.load(tmp_path / "s")
     assert any("\ufffd".encode() in t for t in replaced.mergeable_ranks)
     assert not any("\ufffd".encode() in t for t in skipped.mergeable_ranks)
+
+
+def test_no_text_is_an_error_and_a_short_vocabulary_a_warning(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    args = ["tokenizer", "train", "--vocab-size", "300", "--workers", "1"]
+    out = tmp_path / "t"
+    assert main([*args, "--input", str(tmp_path / "empty.txt"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no text to train the tokenizer on" in err and err.count("\n") == 1
+    assert not out.exists()
+    (tmp_path / "small.txt").write_text("abab abab")
+    assert main([*args, "--input", str(tmp_path / "small.txt"), "--out", str(out)]) == 0
+    vocab = Tokenizer.load(out).vocab_size
+    assert vocab < 300
+    assert f"vocabulary reached {vocab} of the requested 300 tokens" in capsys.readouterr().err

@@ -37,3 +37,38 @@ def test_parallel_encoding_matches_single_process(prepared):
     assert list(encode_texts(tokenizer, texts, workers=2)) == list(
         encode_texts(tokenizer, texts, workers=1)
     )
+
+
+def test_tokenize_refuses_input_without_text_and_fills_an_empty_val_split(prepared, tmp_path):
+    import json
+
+    from lmforge.cli import main
+    from lmforge.data import is_validation
+
+    args = ["tokenize", "--tokenizer", str(prepared.tokenizer_dir), "--workers", "1"]
+    (tmp_path / "empty.txt").write_text("")
+    out = tmp_path / "shards"
+    assert main([*args, "--input", str(tmp_path / "empty.txt"), "--out", str(out)]) == 2
+    assert not out.exists()  # nothing written
+    ids = ["a", "b", "c"]
+    assert not any(is_validation(i, 0.01) for i in ids)  # the hash holds none out
+    rows = "".join(
+        json.dumps({"id": i, "text": f"def {i}(x):\n    return x\n"}) + "\n" for i in ids
+    )
+    (tmp_path / "docs.jsonl").write_text(rows)
+    assert main([*args, "--input", str(tmp_path / "docs.jsonl"), "--out", str(out)]) == 0
+    shards = read_meta(out).shards
+    assert (shards["train"]["documents"], shards["val"]["documents"]) == (2, 1)
+    assert shards["val"]["tokens"] > 1
+
+
+def test_a_split_without_documents_is_an_error_and_leaves_no_shard(prepared, tmp_path):
+    import pytest
+
+    from lmforge.errors import LmforgeError
+    from lmforge.tokens.encode import tokenize_splits
+
+    tokenizer = Tokenizer.load(prepared.tokenizer_dir)
+    with pytest.raises(LmforgeError, match="the val split"):
+        tokenize_splits(tokenizer, {"train": iter(["x = 1\n"]), "val": iter([])}, tmp_path, 1)
+    assert not list(tmp_path.glob("val.*")) and not (tmp_path / "meta.json").exists()
