@@ -75,7 +75,7 @@ def require_all(needs: list[Need]) -> None:
                 features.append(need.feature)
             modules += [m for m in absent if m not in modules]
     for extra, (features, modules) in by_extra.items():
-        feature = " and ".join(features)
+        feature = ", ".join(features[:-1]) + " and " + features[-1] if features[1:] else features[0]
         if not extra:  # fastText is no extra: its own package
             raise LmforgeError(
                 f"{feature} needs {', '.join(modules)}, which is not installed: "
