@@ -12,15 +12,20 @@ same prompt for the same conversation. Two formats:
 
 Either way the prompt starts a document (`<|endoftext|>` first, as in training), and message
 text is encoded as ordinary text: a message that contains `<|im_end|>` cannot end its turn.
+`ChatTemplate.jinja()` writes the same format as a Hugging Face `chat_template` for exports
+(there, as in every Jinja template, the rendered text is tokenized whole, so that one guarantee
+does not carry over).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.tokenizer import EOT
 
 ROLES = ("system", "user", "assistant")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -94,6 +99,35 @@ class ChatTemplate:
         ids = fixed + [t for turn in kept for t in turn] + self._reply_start()
         return ids, len(turns) - len(kept)
 
+    def jinja(self) -> str:
+        """This format as a Jinja chat template (Hugging Face's `chat_template`, for exports):
+        with `add_generation_prompt` it renders the text whose tokens `prompt_ids` gives.
+        `developer` messages count as `system`, as the server takes them; text content parts
+        are joined."""
+        start = EOT if self.tokenizer.eot_id is not None else ""
+        if self.chatml:
+            turn = f"{_lit(IM_START)} + role + {_lit(chr(10))} + content + {_lit(IM_END + chr(10))}"
+            reply = _lit(IM_START + "assistant\n")
+        else:
+            turn = f"role | capitalize + {_lit(': ')} + content + {_lit(chr(10))}"
+            reply = _lit("Assistant:")
+        return (
+            f"{{{{ {_lit(start)} }}}}"
+            "{% for message in messages %}"
+            "{% set role = 'system' if message['role'] == 'developer' else message['role'] %}"
+            f"{{% if role not in {list(ROLES)!r} %}}"
+            "{{ raise_exception('unknown message role ' + role + ': use one of "
+            f"{', '.join(ROLES)}') }}}}"
+            "{% endif %}"
+            "{% if message['content'] is string %}{% set content = message['content'] %}"
+            "{% elif message['content'] is none %}{% set content = '' %}"
+            "{% else %}{% set content = message['content'] | map(attribute='text') | join %}"
+            "{% endif %}"
+            f"{{{{ {turn} }}}}"
+            "{% endfor %}"
+            f"{{% if add_generation_prompt %}}{{{{ {reply} }}}}{{% endif %}}"
+        )
+
     def reply_stripper(self) -> ReplyStripper:
         """Removes `reply_prefix` from a reply streamed in pieces."""
         return ReplyStripper(self.reply_prefix)
@@ -133,6 +167,11 @@ class ReplyStripper:
             return ""
         self._done = True
         return self._seen.removeprefix(self._prefix)
+
+
+def _lit(text: str) -> str:
+    """`text` as a Jinja string literal (Jinja decodes Python's backslash escapes in them)."""
+    return json.dumps(text)
 
 
 def check_messages(messages: Sequence[Message]) -> None:

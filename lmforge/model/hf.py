@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
+from lmforge.infer.chat_template import ChatTemplate
 from lmforge.model.transformer import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokenizer.hf_json import to_json
@@ -243,12 +244,15 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int) -> dict[str, dict[str
 
     `<|endoftext|>` is both bos and eos; `tokenizer(text)` prepends it, as lmforge does for
     every prompt, and `add_special_tokens=False` gives the plain ids of `encode_ordinary`.
+    `chat_template` is lmforge's own (ChatML, or the plain format of a tokenizer without
+    `<|im_start|>`/`<|im_end|>`), so `apply_chat_template` builds the prompts lmforge builds.
     """
     tokenizer_json = to_json(tokenizer)
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
         "clean_up_tokenization_spaces": False,
+        "chat_template": ChatTemplate(tokenizer).jinja(),
     }
     specials: dict[str, Any] = {}
     if tokenizer.eot_id is not None:

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import lmforge
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
+from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.generate import generate
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import export_hf, hf_config, import_hf, to_hf_state_dict
@@ -111,6 +112,35 @@ def test_transformers_tokenizer_gives_lmforge_ids(exported, tokenizer):
         assert hf_tokenizer.decode(plain) == text
     assert hf_tokenizer.bos_token == hf_tokenizer.eos_token == EOT
     assert hf_tokenizer.eos_token_id == tokenizer.eot_id
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer in code.\n"},
+    {"role": "user", "content": "café: 日本語 😀 {{ not jinja }} {% raw %}"},
+    {"role": "assistant", "content": "  def f(x):\n\treturn x\n\n"},
+    {"role": "user", "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "y?"}]},
+]
+
+
+@pytest.mark.parametrize("specials", [[EOT, "<|im_start|>", "<|im_end|>"], [EOT], []])
+def test_the_exported_chat_template_renders_lmforge_prompts(tmp_path, specials):
+    chat = train_bpe([TEXT, "user assistant system\n"] * 5, 300, special_tokens=specials, workers=1)
+    out = export_hf(_model(), chat, tmp_path / "hf")
+    hf_tokenizer = AutoTokenizer.from_pretrained(out)
+    template = ChatTemplate(chat)
+    assert template.name == ("chatml" if len(specials) == 3 else "plain")
+    messages = [
+        Message(m["role"], m["content"] if isinstance(m["content"], str) else "And y?")
+        for m in CONVERSATION
+    ]
+    ids = template.prompt_ids(messages)
+    render = dict(add_generation_prompt=True, tokenize=False)
+    text = hf_tokenizer.apply_chat_template(CONVERSATION, **render)
+    assert text == chat.decode(ids)
+    assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+    developer = [{"role": "developer", "content": "Be brief."}, CONVERSATION[1]]
+    text = hf_tokenizer.apply_chat_template(developer, **render)
+    assert text == chat.decode(template.prompt_ids([Message("system", "Be brief."), messages[1]]))
 
 
 def test_a_tokenizer_without_endoftext_adds_no_special_token(tmp_path):
