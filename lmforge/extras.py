@@ -24,7 +24,7 @@ def require(feature: str, extra: str, *modules: str) -> None:
     absent = missing(*modules)
     if absent:
         raise LmforgeError(
-            f"{feature} needs {', '.join(absent)}, which is not installed: "
+            f"{feature} needs {', '.join(absent)} (not installed): "
             f"pip install 'lmforge[{extra}]'"
         )
 

@@ -78,7 +78,7 @@ def require_all(needs: list[Need]) -> None:
         feature = ", ".join(features[:-1]) + " and " + features[-1] if features[1:] else features[0]
         if not extra:  # fastText is no extra: its own package
             raise LmforgeError(
-                f"{feature} needs {', '.join(modules)}, which is not installed: "
+                f"{feature} needs {', '.join(modules)} (not installed): "
                 f"pip install {' '.join(modules)}"
             )
         extras.require(feature, extra, *modules)
