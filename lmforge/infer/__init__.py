@@ -1,25 +1,26 @@
-"""Inference: KV caches, sampling, the batching engine, beam search and text completion."""
+"""Inference: KV caches, sampling, the batching engine, beam search and text completion.
 
-from lmforge.infer.beam import Beam, beam_search
-from lmforge.infer.engine import Completion, Engine, RequestHandle, SamplingParams, TokenEvent
-from lmforge.infer.generate import generate, stream
-from lmforge.infer.kv_cache import KVCache
-from lmforge.infer.sampling import sample_next_token
-from lmforge.infer.text import complete, prompt_ids, stream_text
+Names import their module (and torch) on first use.
+"""
 
-__all__ = [
-    "Beam",
-    "Completion",
-    "Engine",
-    "KVCache",
-    "RequestHandle",
-    "SamplingParams",
-    "TokenEvent",
-    "beam_search",
-    "complete",
-    "generate",
-    "prompt_ids",
-    "sample_next_token",
-    "stream",
-    "stream_text",
-]
+from lmforge.lazy import lazy_exports
+
+_EXPORTS = {
+    "Beam": "lmforge.infer.beam",
+    "beam_search": "lmforge.infer.beam",
+    "Completion": "lmforge.infer.engine",
+    "Engine": "lmforge.infer.engine",
+    "RequestHandle": "lmforge.infer.engine",
+    "SamplingParams": "lmforge.infer.engine",
+    "TokenEvent": "lmforge.infer.engine",
+    "generate": "lmforge.infer.generate",
+    "stream": "lmforge.infer.generate",
+    "KVCache": "lmforge.infer.kv_cache",
+    "sample_next_token": "lmforge.infer.sampling",
+    "complete": "lmforge.infer.text",
+    "prompt_ids": "lmforge.infer.text",
+    "stream_text": "lmforge.infer.text",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,6 +1,17 @@
-"""Run reports: Markdown with the numbers that matter and PNG plots."""
+"""Run reports: Markdown with the numbers that matter and PNG plots.
 
-from lmforge.report.plots import plot_loss
-from lmforge.report.report import ReportData, Sample, render, write_report
+Names import their module (and matplotlib) on first use.
+"""
 
-__all__ = ["ReportData", "Sample", "plot_loss", "render", "write_report"]
+from lmforge.lazy import lazy_exports
+
+_EXPORTS = {
+    "plot_loss": "lmforge.report.plots",
+    "ReportData": "lmforge.report.report",
+    "Sample": "lmforge.report.report",
+    "render": "lmforge.report.report",
+    "write_report": "lmforge.report.report",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
