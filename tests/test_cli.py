@@ -276,15 +276,17 @@ def test_generate_continues_the_prompt(speedrun_dir):
     assert again.stdout == result.stdout  # seeded sampling is reproducible
 
 
-def test_eval_on_documents_and_on_shards_agree(speedrun_dir, corpus_dir):
+def test_eval_on_documents_and_on_shards_agree(speedrun_dir, corpus_dir, capsys):
     out, _ = speedrun_dir
-    on_docs = _run("eval", "--checkpoint", out, "--data", out / "data" / "val.jsonl")
-    on_shards = _run("eval", "--checkpoint", out, "--data", out / "tokens")
-    assert on_docs.returncode == 0, on_docs.stderr
-    assert "bits/byte" in on_docs.stdout
-    assert on_docs.stdout == on_shards.stdout  # the same held-out documents either way
-    raw = _run("eval", "--checkpoint", out, "--data", corpus_dir)  # before cleaning: same split
-    assert raw.returncode == 0 and "bits/byte" in raw.stdout
+
+    def result_line(data):  # the last line; the first says what was evaluated
+        assert main(["eval", "--checkpoint", str(out), "--data", str(data)]) == 0
+        return capsys.readouterr().out.splitlines()[-1]
+
+    on_docs = result_line(out / "data" / "val.jsonl")
+    assert "bits/byte" in on_docs
+    assert on_docs == result_line(out / "tokens")  # the same held-out documents either way
+    assert "bits/byte" in result_line(corpus_dir)  # before cleaning: the same split
 
 
 def test_python_api_loads_a_checkpoint(speedrun_dir):
@@ -341,3 +343,182 @@ def test_changed_config_does_not_touch_an_existing_run(speedrun_dir, corpus_dir)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "another config" in result.stderr
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+# --- one-line errors for bad checkpoints and devices; runs, eval and report (issue 15) ---
+
+
+def _one_line_error(code, capsys):
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def _checkpoint_copy(speedrun_dir, dest):
+    out, _ = speedrun_dir
+    return Path(shutil.copytree(out / "checkpoints" / "step_60", dest))
+
+
+def _truncate(ckpt):
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def _other_shape(ckpt):
+    config = json.loads((ckpt / "config.json").read_text())
+    config["model"]["d_model"] = 32
+    (ckpt / "config.json").write_text(json.dumps(config))
+
+
+def _hf_folder(ckpt):
+    from lmforge.model.hf import export_hf
+    from lmforge.train.checkpoint import load_checkpoint
+
+    model, tokenizer = load_checkpoint(ckpt)
+    shutil.rmtree(ckpt)
+    export_hf(model, tokenizer, ckpt)
+
+
+BAD_CHECKPOINTS = {
+    "truncated": (_truncate, "model.safetensors is damaged or truncated"),
+    "other shape": (_other_shape, "does not match the model shape in"),
+    "hugging face": (_hf_folder, "is a Hugging Face model folder: run `lmforge import --from"),
+    "no tokenizer": (lambda c: shutil.rmtree(c / "tokenizer"), "tokenizer folder"),
+    "missing": (shutil.rmtree, "no checkpoint found"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_CHECKPOINTS))
+def test_bad_checkpoints_are_one_line_errors(bad, speedrun_dir, tmp_path, capsys):
+    ckpt = _checkpoint_copy(speedrun_dir, tmp_path / "ckpt")
+    damage, message = BAD_CHECKPOINTS[bad]
+    damage(ckpt)
+    err = _one_line_error(main(["generate", "--checkpoint", str(ckpt), "--prompt", "x"]), capsys)
+    assert message in err
+
+
+COMMANDS = {
+    "generate": ["generate", "--prompt", "x"],
+    "chat": ["chat"],
+    "eval": ["eval"],
+    "export": ["export", "--out", "{tmp}/hf"],
+    "serve": ["serve", "--port", "0"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_loads_checkpoints_through_the_checked_loader(
+    command, speedrun_dir, tmp_path, capsys
+):
+    if command == "serve":
+        pytest.importorskip("fastapi")
+    ckpt = _checkpoint_copy(speedrun_dir, tmp_path / "ckpt")
+    _truncate(ckpt)
+    args = [a.format(tmp=tmp_path) for a in COMMANDS[command]]
+    err = _one_line_error(main([args[0], "--checkpoint", str(ckpt), *args[1:]]), capsys)
+    assert "is damaged or truncated" in err and "export it again" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def _torch_has(device):
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.is_available()
+    return device == "mps" and torch.backends.mps.is_available()
+
+
+@pytest.mark.parametrize(
+    "command,device,message",
+    [
+        ("generate", "cuda", "CUDA is not available"),
+        ("serve", "cuda", "CUDA is not available"),
+        ("eval", "cuda:7", "CUDA"),
+        ("chat", "tpu", "unknown device 'tpu': use cpu, cuda, cuda:N, mps or auto"),
+        ("generate", "mps", "MPS) is not available"),
+        ("train", "mps", "MPS) is not available"),
+        ("train", "tpu", "unknown device 'tpu'"),
+    ],
+)
+def test_unavailable_or_unknown_devices_are_one_line_errors(
+    command, device, message, speedrun_dir, tmp_path, capsys
+):
+    if _torch_has(device.partition(":")[0]):
+        pytest.skip(f"this machine has {device}")
+    if command == "serve":
+        pytest.importorskip("fastapi")
+    out, _ = speedrun_dir
+    if command == "train":
+        args = ["train", "--preset", "tiny", "--out", str(tmp_path / "r"), "--device", device]
+    else:
+        args = [*COMMANDS[command], "--checkpoint", str(out), "--device", device]
+    err = _one_line_error(main(args), capsys)
+    assert message in err
+    assert not (tmp_path / "r").exists()  # refused before the run folder was claimed
+
+
+def test_out_of_range_settings_fail_before_any_work(tmp_path, capsys):
+    out = tmp_path / "r"
+    args = ["train", "--preset", "tiny", "--out", str(out), "--set", "train.lr=-1"]
+    err = _one_line_error(main(args), capsys)
+    assert "train.lr is -1.0: it must be above 0" in err
+    assert not out.exists()
+
+
+def test_a_run_on_missing_data_leaves_the_folder_free_for_the_corrected_one(tmp_path, capsys):
+    out = tmp_path / "p1"
+    args = ["speedrun", "--preset", "tiny", "--data", "/nonexistent", "--out", str(out)]
+    err = _one_line_error(main(args), capsys)
+    assert "data path /nonexistent does not exist" in err
+    assert not (out / "config.toml").exists()
+
+
+def test_eval_defaults_to_the_runs_own_validation_split_and_says_so(speedrun_dir, capsys):
+    out, _ = speedrun_dir
+    assert main(["eval", "--checkpoint", str(out)]) == 0
+    default = capsys.readouterr().out.splitlines()
+    assert default[0] == (
+        f"evaluated token shards {(out / 'tokens').resolve()}: val shard, "
+        f"{_val_tokens(out):,} tokens (the run's own validation data)"
+    )
+    assert main(["eval", "--checkpoint", str(out), "--data", str(out / "tokens")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == default[-1]  # the same numbers
+
+
+def _val_tokens(run):
+    from lmforge.tokens import load_tokens
+
+    return len(load_tokens(run / "tokens", "val"))
+
+
+def test_eval_on_a_checkpoint_whose_data_is_gone_asks_for_data(speedrun_dir, tmp_path, capsys):
+    ckpt = _checkpoint_copy(speedrun_dir, tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    config["run"]["trained_on"] = {"shards": "/gone/tokens", "documents": "/gone/corpus"}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    err = _one_line_error(main(["eval", "--checkpoint", str(ckpt)]), capsys)
+    assert "was trained on is gone (/gone/tokens and /gone/corpus): pass --data" in err
+
+
+def test_report_and_metrics_name_the_final_and_periodic_evaluations_apart(speedrun_dir):
+    out, _ = speedrun_dir
+    report = (out / "report.md").read_text()
+    assert "| final evaluation: validation bits per byte |" in report
+    assert "| periodic validation bits per byte, last (`val_bpb` in metrics.jsonl) |" in report
+    assert "reads 4 batches (`train.eval_batches`)" in report
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    finals = [r for r in records if "final_val_bpb" in r]
+    assert len(finals) == 1 and finals[0]["step"] == 60  # one, even after the rerun above
+    assert finals[0]["final_eval_batches"] > 4
+
+
+def test_checkpoint_and_export_files_all_have_the_same_mode(speedrun_dir, tmp_path, capsys):
+    out, _ = speedrun_dir
+    hf = tmp_path / "hf"
+    assert main(["export", "--checkpoint", str(out), "--out", str(hf)]) == 0
+    for folder in (out / "checkpoints" / "step_60", hf):
+        modes = {p.relative_to(folder): p.stat().st_mode & 0o777 for p in folder.rglob("*")}
+        files = {name: mode for name, mode in modes.items() if (folder / name).is_file()}
+        assert len(set(files.values())) == 1, files
