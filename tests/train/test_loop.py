@@ -115,7 +115,7 @@ def test_interrupted_save_leaves_the_last_complete_checkpoint(prepared, tmp_path
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckpt, "save_model", crash)
+    monkeypatch.setattr(ckpt, "save_module", crash)
     with pytest.raises(KeyboardInterrupt):
         train(MODEL, _cfg(max_steps=8), prepared.shard_dir, tmp_path)
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_4"]
