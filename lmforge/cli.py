@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from lmforge.threads import apply_env_threads
+
+        apply_env_threads()  # LMFORGE_THREADS, for every command
         return args.func(args) or 0
     except LmforgeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -453,6 +456,13 @@ def _speed_options(p: argparse.ArgumentParser) -> None:
         "selective keeps matmul and attention outputs (default: none)",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads torch computes with (default: LMFORGE_THREADS, else the fastest of "
+        "all cores, half of them, ... timed on the first training steps)",
+    )
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -495,7 +505,15 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
 
     if args.data:
         cfg = _with_data(cfg, args.data)
-    report = speedrun(cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh)
+    from lmforge.train.signals import RunStopped
+
+    try:
+        report = speedrun(
+            cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh, threads=args.threads
+        )
+    except RunStopped as e:  # training checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
+        print(e.message, file=sys.stderr)
+        return e.exit_status
     print(f"done: {report}")
     return 0
 
@@ -510,8 +528,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         shard_dir = args.data
     elif args.data:
         cfg = _with_data(cfg, args.data)
-    result, _ = pretrain(cfg, args.out or Path("runs") / cfg.name, args.fresh, shard_dir)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line, not one per rank
+    out = args.out or Path("runs") / cfg.name
+    result, _ = pretrain(cfg, out, args.fresh, shard_dir, threads=args.threads)
+    rank_zero = int(os.environ.get("RANK", "0")) == 0
+    if result.interrupted:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143, so `&&` stops
+        from lmforge.train.signals import exit_status, stopped_message
+
+        if rank_zero:
+            message = stopped_message(result.stop_signal, result.step, result.checkpoint)
+            print(message, file=sys.stderr)
+        return exit_status(result.stop_signal)
+    if rank_zero:  # under torchrun, one summary line, not one per rank
         print(
             f"done: step {result.step}, val loss {result.final_eval.loss:.4f}, "
             f"{result.final_eval.bpb:.4f} bits/byte; checkpoint {result.checkpoint}"

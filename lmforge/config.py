@@ -328,6 +328,8 @@ def claim_run_dir(cfg: RunConfig, out: str | Path, fresh: bool) -> None:
         saved = config_path.read_text()
         if saved == config_text(cfg):
             print(f"resuming the run in {out}")
+        elif _only_length_changed(saved, cfg):
+            print(f"resuming the run in {out} with a new length ({config_diff(saved, cfg)})")
         elif _nothing_finished(out):
             print(f"{out}: its earlier run finished no stage; starting over with this config")
             for name in RUN_ENTRIES:
@@ -356,6 +358,21 @@ def config_diff(saved_toml: str, cfg: RunConfig, limit: int = 4) -> str:
     if len(keys) > limit:
         shown.append(f"and {len(keys) - limit} more")
     return ", ".join(shown) or "written differently"
+
+
+RESUMABLE_KEYS = {"train.max_steps", "train.minutes"}
+"""Settings a run may change when it resumes: its length. A finished run given more steps
+continues from its last checkpoint on a new schedule tail (lmforge/train/schedule.py)."""
+
+
+def _only_length_changed(saved_toml: str, cfg: RunConfig) -> bool:
+    try:
+        old = _flat(tomllib.loads(saved_toml))
+    except tomllib.TOMLDecodeError:
+        return False
+    new = _flat(_drop_none(to_dict(cfg)))
+    changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    return bool(changed) and changed <= RESUMABLE_KEYS
 
 
 def _nothing_finished(out: Path) -> bool:

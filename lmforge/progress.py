@@ -5,8 +5,9 @@ Set LMFORGE_PROGRESS=0 to silence them (tests and logs do).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
@@ -19,7 +20,27 @@ def enabled() -> bool:
 
 
 def bar(iterable: Iterable[T] | None = None, **kwargs: Any) -> tqdm:
-    """A tqdm bar with rate and ETA; `desc`, `total` and `unit` pass through."""
+    """A tqdm bar with rate and ETA; `desc`, `total`, `unit` and `disable` pass through."""
     kwargs.setdefault("dynamic_ncols", True)
     kwargs.setdefault("leave", True)
-    return tqdm(iterable, disable=not enabled(), **kwargs)
+    kwargs["disable"] = kwargs.get("disable", False) or not enabled()
+    return tqdm(iterable, **kwargs)
+
+
+@contextlib.contextmanager
+def bar_per_call(module: Any, **kwargs: Any) -> Iterator[tqdm]:
+    """A bar that advances once per forward call of `module` (a torch Module): progress for a
+    loop that runs the model inside another function, such as evaluation's batches."""
+    with bar(**kwargs) as shown:
+        if shown.disable:
+            yield shown
+            return
+
+        def advance(*args: Any) -> None:  # a hook that returned a value would replace the output
+            shown.update()
+
+        handle = module.register_forward_hook(advance)
+        try:
+            yield shown
+        finally:
+            handle.remove()

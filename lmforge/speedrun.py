@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,14 +18,19 @@ import torch
 
 from lmforge.config import RunConfig, claim_run_dir, to_dict
 from lmforge.errors import LmforgeError
-from lmforge.eval import evaluate, token_byte_lengths, unigram_bpb
+from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths, unigram_bpb
 from lmforge.infer import complete
 from lmforge.parallel.world import world_size_from_env
 from lmforge.prepare import Prepared, prepare_corpus
-from lmforge.report import ReportData, Sample, write_report
+from lmforge.progress import bar, bar_per_call
+from lmforge.report.report import ReportData, Sample, warn_if_behind_baseline, write_report
+from lmforge.threads import requested_threads, using_threads
 from lmforge.tokens import load_tokens
 from lmforge.train import TrainResult, train
-from lmforge.train.checkpoint import load_checkpoint
+from lmforge.train.checkpoint import TRAINED_ON, data_record, load_checkpoint
+from lmforge.train.loop import eval_batches
+from lmforge.train.metrics import read_metrics
+from lmforge.train.signals import RunStopped, exit_status, stopped_message
 
 SAMPLE_PROMPTS = [
     "def ",
@@ -44,15 +50,21 @@ def cache_root(cfg: RunConfig) -> Path:
 
 
 def pretrain(
-    cfg: RunConfig, out_dir: str | Path, fresh: bool = False, shard_dir: str | Path | None = None
+    cfg: RunConfig,
+    out_dir: str | Path,
+    fresh: bool = False,
+    shard_dir: str | Path | None = None,
+    threads: int | None = None,
 ) -> tuple[TrainResult, Prepared | None]:
     """Train into `out_dir` on `shard_dir`, or on `cfg.data` prepared first.
 
     Data named by path is prepared inside the run folder; the built-in corpus is prepared once
-    into a cache shared by runs with the same data and tokenizer settings.
+    into a cache shared by runs with the same data and tokenizer settings. `threads` as for
+    `train`.
     """
     out = Path(out_dir)
     cfg.validate()
+    requested_threads(threads)  # a bad count fails before any work
     processes = world_size_from_env()
     if processes > 1 and shard_dir is None:
         raise LmforgeError(
@@ -67,29 +79,66 @@ def pretrain(
             cfg.data, cfg.tokenizer, out if cfg.data.path else cache_root(cfg)
         )
         shard_dir = prepared.shard_dir
-    result = train(cfg.model, cfg.train, shard_dir, out, run_config=to_dict(cfg))
+    documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
+    run_config = {**to_dict(cfg), TRAINED_ON: data_record(shard_dir, documents)}
+    result = train(cfg.model, cfg.train, shard_dir, out, run_config=run_config, threads=threads)
     return result, prepared
 
 
-def speedrun(cfg: RunConfig, out_dir: str | Path, fresh: bool = False) -> Path:
-    """Run every stage into `out_dir`; return the path of `report.md`."""
+def speedrun(
+    cfg: RunConfig, out_dir: str | Path, fresh: bool = False, threads: int | None = None
+) -> Path:
+    """Run every stage into `out_dir`; return the path of `report.md`.
+
+    A signal that stops training raises RunStopped once the checkpoint is saved; the stages
+    after training run at the thread count training chose (or `threads`).
+    """
     out = Path(out_dir)
     cfg.validate()
+    requested_threads(threads)
     claim_run_dir(cfg, out, fresh)
     prepared = prepare_corpus(cfg.data, cfg.tokenizer, out)
-    result = train(cfg.model, cfg.train, prepared.shard_dir, out, run_config=to_dict(cfg))
+    trained_on = data_record(prepared.shard_dir, cfg.data.path or "stdlib")
+    run_config = {**to_dict(cfg), TRAINED_ON: trained_on}
+    result = train(
+        cfg.model, cfg.train, prepared.shard_dir, out, run_config=run_config, threads=threads
+    )
+    if result.interrupted:
+        message = stopped_message(result.stop_signal, result.step, result.checkpoint)
+        raise RunStopped(message, exit_status(result.stop_signal))
+    with using_threads(result.threads):
+        return _evaluate_and_report(cfg, out, prepared, result)
+
+
+def _evaluate_and_report(
+    cfg: RunConfig, out: Path, prepared: Prepared, result: TrainResult
+) -> Path:
+    """The stages after training: evaluation, samples and the report."""
     model, tokenizer = load_checkpoint(result.checkpoint, "cpu")
 
     train_tokens = load_tokens(prepared.shard_dir, "train")
     val_tokens = load_tokens(prepared.shard_dir, "val")
     byte_lengths = token_byte_lengths(tokenizer)
-    final = evaluate(
-        model, val_tokens, byte_lengths, cfg.train.seq_len, cfg.train.batch_size, FINAL_EVAL_BATCHES
+    batches = eval_batches(
+        len(val_tokens), cfg.train.seq_len, cfg.train.batch_size, FINAL_EVAL_BATCHES
     )
+    with bar_per_call(model, desc="final evaluation", total=batches, unit="batch"):
+        final = evaluate(
+            model,
+            val_tokens,
+            byte_lengths,
+            cfg.train.seq_len,
+            cfg.train.batch_size,
+            FINAL_EVAL_BATCHES,
+        )
     baseline = unigram_bpb(train_tokens, val_tokens, byte_lengths)
+    evaluation = _final_evaluation(cfg, final, baseline, len(val_tokens), result.final_eval.bpb)
     print(
-        f"evaluation: val loss {final.loss:.4f}, {final.bpb:.4f} bits/byte (unigram {baseline:.4f})"
+        f"final evaluation: val loss {final.loss:.4f}, {final.bpb:.4f} bits/byte over "
+        f"{final.tokens:,} tokens in {batches} batches (unigram {baseline:.4f})"
     )
+    warn_if_behind_baseline(final.bpb, baseline)
+    _record_final_eval(out / "metrics.jsonl", result.step, evaluation)
 
     samples = [
         Sample(
@@ -104,13 +153,14 @@ def speedrun(cfg: RunConfig, out_dir: str | Path, fresh: bool = False) -> Path:
                 seed=cfg.train.seed + i,
             ),
         )
-        for i, prompt in enumerate(SAMPLE_PROMPTS)
+        for i, prompt in enumerate(bar(SAMPLE_PROMPTS, desc="samples", unit="sample"))
     ]
     val_text_tokens = int((byte_lengths[np.asarray(val_tokens, dtype=np.int64)] > 0).sum())
     val_bytes = int(byte_lengths[np.asarray(val_tokens, dtype=np.int64)].sum())
     tokens_trained = (
         result.step * cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum_steps
     )
+    writing = bar(total=1, desc="report", unit="file")  # plots, then report.md
     report = write_report(
         out,
         ReportData(
@@ -134,13 +184,54 @@ def speedrun(cfg: RunConfig, out_dir: str | Path, fresh: bool = False) -> Path:
                 "mfu": result.mfu,
                 "peak_memory_bytes": result.peak_memory_bytes,
                 "skipped_steps": result.skipped_steps,
+                "threads": result.threads,
             },
-            evaluation={"val_loss": final.loss, "val_bpb": final.bpb, "unigram_bpb": baseline},
+            evaluation=evaluation,
             samples=samples,
         ),
     )
+    writing.update()
+    writing.close()
     print(f"report: {report}")
     return report
+
+
+def _final_evaluation(
+    cfg: RunConfig, final: EvalResult, baseline: float, val_tokens: int, periodic_bpb: float
+) -> dict:
+    """The report's evaluation: the final one and how much it read, beside the last periodic
+    validation (metrics.jsonl's `val_bpb`, over train.eval_batches batches)."""
+    seq_len, batch_size = cfg.train.seq_len, cfg.train.batch_size
+    windows = min(math.ceil((val_tokens - seq_len) / seq_len), batch_size * FINAL_EVAL_BATCHES)
+    return {
+        "val_loss": final.loss,
+        "val_bpb": final.bpb,
+        "unigram_bpb": baseline,
+        "batches": math.ceil(windows / batch_size),
+        "windows": windows,
+        "seq_len": seq_len,
+        "tokens": final.tokens,
+        "periodic_val_bpb": periodic_bpb,
+        "periodic_batches": cfg.train.eval_batches,
+    }
+
+
+def _record_final_eval(metrics_path: Path, step: int, evaluation: dict) -> None:
+    """Append the final evaluation to metrics.jsonl under its own `final_` names (replacing one
+    an earlier run in the folder recorded), so it is never read as a periodic `val_bpb`."""
+    kept = [r for r in read_metrics(metrics_path) if "final_val_bpb" not in r]
+    kept.append(
+        {
+            "step": step,
+            "final_val_loss": round(evaluation["val_loss"], 5),
+            "final_val_bpb": round(evaluation["val_bpb"], 5),
+            "final_eval_batches": evaluation["batches"],
+            "final_eval_tokens": evaluation["tokens"],
+        }
+    )
+    tmp = metrics_path.with_name(metrics_path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, metrics_path)
 
 
 def _shape(model: torch.nn.Module) -> str:

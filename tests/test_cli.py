@@ -27,6 +27,7 @@ SURFACE = {
         "--precision",
         "--activation-checkpointing",
         "--compile",
+        "--threads",
         "--out",
         "--fresh",
     },
@@ -54,6 +55,7 @@ SURFACE = {
         "--precision",
         "--activation-checkpointing",
         "--compile",
+        "--threads",
         "--out",
         "--fresh",
     },
@@ -170,9 +172,11 @@ def _run(*args, cwd=None, env=None):
     )
 
 
-def _speedrun(corpus_dir, out):
+def _speedrun(corpus_dir, out, env=None):
     settings = ["--set", "train.max_steps=60", "--set", "data.val_fraction=0.1"]
-    return _run("speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, *settings)
+    return _run(
+        "speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, *settings, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +207,7 @@ def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
 
 def test_speedrun_rerun_reuses_every_stage(speedrun_dir, corpus_dir):
     out, _ = speedrun_dir
-    result = _speedrun(corpus_dir, out)
+    result = _speedrun(corpus_dir, out, env={"LMFORGE_PROGRESS": "1"})
     assert result.returncode == 0, result.stderr
     for stage in (
         "documents: reusing",
@@ -212,6 +216,9 @@ def test_speedrun_rerun_reuses_every_stage(speedrun_dir, corpus_dir):
         "training: reusing",
     ):
         assert stage in result.stdout
+    bars = result.stderr.splitlines()
+    for shown in ("validation:", "final evaluation:", "samples:", "report:"):
+        assert any(line.startswith(f"{shown} 100%") for line in bars), shown
 
 
 AVX2_HOST = {  # oneDNN and ATen capped as on an AVX2-only CPU; Inductor's cache kept apart

@@ -3,9 +3,11 @@
 One loop serves every command that trains. It runs for `max_steps`, or for a wall-clock budget
 (`minutes`): then the first steps are timed once and the step count that fits the budget is
 fixed, so the learning-rate schedule stays a pure function of the step and a resumed run
-continues the same schedule. How a step computes (precision, activation checkpointing,
-compile) is composed in compose.py and run by step.py; the host reads values back from the
-device only on log, evaluation and checkpoint steps.
+continues the same schedule. A resumed run given more steps (or a new budget) continues on a
+new schedule tail (schedule.py), finished or not. On a CPU the first steps also choose the
+thread count (lmforge.threads) unless one is given. How a step computes (precision,
+activation checkpointing, compile) is composed in compose.py and run by step.py; the host reads
+values back from the device only on log, evaluation and checkpoint steps.
 
 Under torchrun, `train.parallel` lays the processes out on a device mesh (lmforge.parallel):
 every rank runs this same loop on its share of the global batch, rank 0 alone writes metrics
@@ -29,7 +31,8 @@ from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
 from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.world import World, any_rank, distributed, from_rank_zero, mean_over_data
-from lmforge.progress import bar
+from lmforge.progress import bar, bar_per_call
+from lmforge.threads import ThreadTrial, requested_threads
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.train.batches import make_batches
@@ -48,7 +51,7 @@ from lmforge.train.metrics import MetricsLog
 from lmforge.train.mfu import mfu, peak_flops
 from lmforge.train.optim import build_optimizer
 from lmforge.train.precision import make_precision
-from lmforge.train.schedule import lr_at
+from lmforge.train.schedule import Schedule, rewarm_steps
 from lmforge.train.signals import StopRequest, stop_requests
 from lmforge.train.step import train_step
 from lmforge.train.throughput import Throughput
@@ -67,10 +70,12 @@ step count; until then the cosine horizon is open and only warmup applies."""
 class TrainResult:
     step: int
     checkpoint: Path
-    final_eval: EvalResult
+    final_eval: EvalResult | None  # None when a signal stopped the run: it saves and leaves
     tokens_per_s: float
     seconds: float
     interrupted: bool = False
+    stop_signal: str | None = None  # what stopped the run: SIGINT, SIGTERM, ...
+    threads: int = 1  # the CPU threads it computed with (chosen or given)
     precision: str = "fp32"
     mfu: float = 0.0
     peak_memory_bytes: int = 0
@@ -84,17 +89,28 @@ def train(
     out_dir: str | Path,
     run_config: dict | None = None,
     resume: bool = True,
+    threads: int | None = None,
 ) -> TrainResult:
     """Train on the `train` shard of `shard_dir`, validating on its `val` shard.
 
     The tokenizer is the copy the shards carry (`shard_dir/tokenizer`); checkpoints carry it on.
     Writes `metrics.jsonl` and `checkpoints/step_N/` under `out_dir`; resumes from the newest
     checkpoint there when `resume` is set. Under torchrun, every rank calls this.
+    `threads` (else LMFORGE_THREADS) fixes the CPU threads; without either, a run on the CPU
+    times its first steps at a few counts and keeps the fastest (lmforge.threads). The
+    process's thread count is restored on return.
     """
     cfg.validate()
+    given = requested_threads(threads)
     device = pick_device(cfg.device)
-    with distributed(cfg.parallel, device, cfg.collective_timeout_s) as world:
-        return _train(model_config, cfg, shard_dir, out_dir, run_config, resume, device, world)
+    previous_threads = torch.get_num_threads()
+    try:
+        with distributed(cfg.parallel, device, cfg.collective_timeout_s) as world:
+            return _train(
+                model_config, cfg, shard_dir, out_dir, run_config, resume, device, world, given
+            )
+    finally:
+        torch.set_num_threads(previous_threads)
 
 
 def _train(
@@ -106,6 +122,7 @@ def _train(
     resume: bool,
     device: torch.device,
     world: World | None,
+    given_threads: tuple[int | None, str],
 ) -> TrainResult:
     out_dir = Path(out_dir)
     device = world.device if world is not None else device
@@ -159,6 +176,7 @@ def _train(
     checkpoints_dir = out_dir / "checkpoints"
 
     step, total_steps, prior_seconds = 0, cfg.max_steps or None, 0.0
+    schedule = Schedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps)
     existing = list_checkpoints(checkpoints_dir) if resume else []
     last_good = existing[-1] if existing else None
     if existing:
@@ -177,7 +195,11 @@ def _train(
             composed.weights_to_compute()
             state, loader_state = load_training_state(existing[-1], optimizer)
         step, prior_seconds = state["step"], state["seconds"]
-        total_steps = cfg.max_steps or state["total_steps"]  # max_steps may extend a run
+        saved_total = state["total_steps"]
+        schedule.plans = [tuple(p) for p in state.get("plans", ())]
+        if not schedule.plans and saved_total:  # written before plans were saved
+            schedule.plans = [(0, saved_total)]
+        total_steps = _resumed_total(cfg, state)
         precision.load_state_dict(state.get("precision", {}))
         if "guard" in state:
             guard.load_state_dict(state["guard"])
@@ -185,6 +207,18 @@ def _train(
         if main:
             metrics.truncate_after(step)
             print(f"resuming from {existing[-1]} (step {step})")
+    if total_steps is not None and total_steps > step:
+        before = list(schedule.plans)
+        schedule.plan(step, total_steps)
+        if main and len(schedule.plans) > 1 and schedule.plans != before:
+            print(_replanned_message(schedule, step))
+    threads, threads_source = given_threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+    trial = None
+    if threads is None and device.type == "cpu" and world is None:
+        trial = ThreadTrial(torch.get_num_threads())
+        threads_source = "" if trial.chosen is None else "torch's default"
 
     flops_per_token = model.flops_per_token(cfg.seq_len)
     peak = peak_flops(device, precision.matmul)  # measured once per machine, before the clock
@@ -194,10 +228,15 @@ def _train(
     def elapsed() -> float:
         return prior_seconds + time.perf_counter() - session_start
 
-    def run_eval() -> EvalResult:
-        with precision.autocast():
+    def run_eval(leave: bool = False) -> EvalResult:
+        evaluator = composed.evaluator or composed.compute
+        total = eval_batches(len(val_tokens), cfg.seq_len, cfg.batch_size, cfg.eval_batches)
+        shown = bar_per_call(
+            evaluator, desc="validation", total=total, unit="batch", leave=leave, disable=not main
+        )
+        with precision.autocast(), shown:
             return evaluate(
-                composed.evaluator or composed.compute,
+                evaluator,
                 val_tokens,
                 byte_lengths,
                 cfg.seq_len,
@@ -209,6 +248,8 @@ def _train(
     def checkpoint() -> Path:
         trainer_state = {
             "total_steps": total_steps,
+            "plans": [list(p) for p in schedule.plans],
+            "minutes": cfg.minutes,
             "seconds": elapsed(),
             "precision": precision.state_dict(),
             "guard": guard.state_dict(),
@@ -227,8 +268,8 @@ def _train(
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
     budget_s = cfg.minutes * 60 if not cfg.max_steps else math.inf
-    min_lr = cfg.lr * cfg.min_lr_ratio
     step_times: list[float] = []
+    settled: list[float] = []  # step times at the final thread count: what fixes a time budget
     activation_bytes = 0
     throughput = Throughput(tokens_per_step, flops_per_token, peak, device)
     interrupted = False
@@ -238,6 +279,8 @@ def _train(
         log(f"parallel {world.layout} over {world.layout.world_size} processes ({device.type})")
     comm_bytes: dict[str, float] = {}
     log(f"precision {precision.describe()}, {flops_per_token / 1e6:.2f} MFLOP/token")
+    if threads_source:
+        log(f"threads {torch.get_num_threads()} ({threads_source})")
     composed.compute.train()
     with stop_requests() as stop:
         try:
@@ -248,8 +291,10 @@ def _train(
             ):
                 if stop if world is None else _agreed_stop(stop, step, cfg.log_every, device):
                     raise KeyboardInterrupt
+                if trial is not None and trial.chosen is None:
+                    torch.set_num_threads(trial.threads)
                 t0 = time.perf_counter()
-                lr = lr_at(step, cfg.lr, min_lr, cfg.warmup_steps, total_steps or 10**9)
+                lr = schedule.lr(step)
                 counting = world is not None and len(step_times) == COUNTED_STEP
                 with parallel.count_collectives() if counting else contextlib.nullcontext() as c:
                     result = train_step(
@@ -290,6 +335,7 @@ def _train(
                         **{k: float(v) for k, v in precision.log_fields().items()},
                         **batches.log_fields(),
                         **comm_bytes,
+                        "threads": torch.get_num_threads(),
                     }
                     if main:
                         metrics.write(**record)
@@ -304,11 +350,27 @@ def _train(
                         raise LmforgeError(_diverged_message(step, cfg.max_bad_steps, last_good))
                     throughput.reset()
                 step_times.append(time.perf_counter() - t0)
+                if len(step_times) == 1:
+                    pass  # the session's first step pays one-off costs: no timing uses it
+                elif trial is not None and trial.chosen is None:
+                    trial.record(step_times[-1])
+                    if trial.chosen is not None:
+                        torch.set_num_threads(trial.chosen)
+                        settled = list(trial.times[trial.chosen])
+                        peak = throughput.peak = peak_flops(device, precision.matmul)
+                        log(f"threads {trial.describe()}")
+                        throughput.reset()
+                else:
+                    settled.append(step_times[-1])
 
-                if total_steps is None and len(step_times) == CALIBRATION_STEPS + 1:
-                    total_steps = _steps_in_budget(cfg, step_times[1:], budget_s - elapsed(), step)
+                if total_steps is None and len(settled) >= CALIBRATION_STEPS:
+                    remaining = budget_s - elapsed()
+                    total_steps = _steps_in_budget(
+                        cfg, settled[-CALIBRATION_STEPS:], remaining, step
+                    )
                     if world is not None:
                         total_steps = from_rank_zero(total_steps)
+                    schedule.plan(step, total_steps)
                     log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
                     progress.total = total_steps
                     progress.refresh()
@@ -332,19 +394,21 @@ def _train(
             progress.close()
             batches.close()
 
+    final = None
     if step_times or interrupted or not existing:
         path = checkpoint()
         if world is not None and main:
             from lmforge.parallel.checkpoint import export_safetensors
 
             export_safetensors(path)  # the final checkpoint, ready for inference in one file
-        final = run_eval()
-        if main:
-            metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
+        if not interrupted:  # a stopped run saves and leaves: it has not ended
+            final = run_eval(leave=True)
+            if main:
+                metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
     else:
         path = existing[-1]
         print(f"training: reusing {path} (already complete)")
-        final = run_eval()
+        final = run_eval(leave=True)
     train_seconds = sum(step_times)
     tokens_per_s = len(step_times) * tokens_per_step / train_seconds if step_times else 0.0
     return TrainResult(
@@ -354,6 +418,8 @@ def _train(
         tokens_per_s,
         elapsed(),
         interrupted,
+        stop.signal if interrupted else None,
+        torch.get_num_threads(),
         precision=precision.describe(),
         mfu=mfu(flops_per_token, tokens_per_s, peak),
         peak_memory_bytes=peak_memory_bytes(
@@ -391,6 +457,34 @@ def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> 
         f"or gradient norm and were skipped; {where}: lower train.lr or change --precision, "
         "then resume from it (or start over with --fresh)"
     )
+
+
+def _resumed_total(cfg: TrainConfig, state: dict) -> int | None:
+    """The step count a resumed run trains to: `max_steps` when set; else the saved one, or,
+    when the time budget changed, as many steps as the new budget's remaining time holds at
+    the run's own pace so far (its seconds per step, evaluations and checkpoints included)."""
+    if cfg.max_steps:
+        return cfg.max_steps
+    step, seconds, saved = state["step"], state["seconds"], state["total_steps"]
+    if state.get("minutes", cfg.minutes) == cfg.minutes or not step or saved is None:
+        return saved
+    return step + max(0, int((cfg.minutes * 60 - seconds) / (seconds / step)))
+
+
+def _replanned_message(schedule: Schedule, step: int) -> str:
+    start, total = schedule.plans[-1]
+    rewarm = rewarm_steps(start, total, schedule.warmup_steps)
+    steps = f"{rewarm} step" + ("s" if rewarm > 1 else "")
+    return (
+        f"training to step {total} from step {step}: the learning rate re-warms over {steps} "
+        f"to {schedule.lr(start + rewarm):.2e}, then decays as a {total}-step run's would"
+    )
+
+
+def eval_batches(tokens: int, seq_len: int, batch_size: int, max_batches: int) -> int:
+    """How many batches `evaluate` runs on `tokens` validation tokens (for its progress bar)."""
+    windows = max(0, math.ceil((tokens - seq_len) / seq_len))
+    return math.ceil(min(windows, batch_size * max_batches) / batch_size)
 
 
 def _steps_in_budget(

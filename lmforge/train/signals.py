@@ -1,5 +1,10 @@
 """Stopping a run cleanly: SIGTERM, or a first Ctrl-C, asks the loop to finish its step,
-checkpoint and return; a second Ctrl-C interrupts at once, as usual."""
+checkpoint and return; a second Ctrl-C interrupts at once, as usual.
+
+A command whose run was stopped then exits as the shell expects of a process a signal stopped,
+128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), so `lmforge train && lmforge
+export` does not go on to export a run that has not finished.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,29 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+
+
+class RunStopped(KeyboardInterrupt):
+    """A multi-stage command (the speedrun) stopped after training checkpointed on a signal;
+    the later stages did not run."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.message, self.exit_status = message, exit_status
+
+
+def exit_status(signal_name: str | None) -> int:
+    """128 + the number of the signal that stopped a run (SIGINT's 130 when none is named)."""
+    number = signal.Signals.__members__.get(signal_name or "", signal.SIGINT)
+    return 128 + int(number)
+
+
+def stopped_message(signal_name: str | None, step: int, checkpoint: object) -> str:
+    why = f"{signal_name} received" if signal_name else "interrupted"
+    return (
+        f"stopped ({why}) at step {step}; checkpoint {checkpoint}: run the same command again "
+        "to resume from it (--fresh starts over)"
+    )
 
 
 class StopRequest:
