@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file, save_model
+if TYPE_CHECKING:  # torch is imported by the writers only: `honour_umask` serves torch-free code
+    import torch
 
 
 def save_tensors(
     tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
 ) -> None:
     """safetensors' `save_file`, with the file's mode as the umask says."""
+    from safetensors.torch import save_file
+
     save_file(tensors, str(path), metadata=metadata)
     honour_umask(path)
 
 
 def save_module(model: torch.nn.Module, path: str | Path) -> None:
     """safetensors' `save_model` (shared tensors stored once), with the mode as the umask says."""
+    from safetensors.torch import save_model
+
     save_model(model, str(path))
     honour_umask(path)
 

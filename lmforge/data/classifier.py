@@ -26,6 +26,7 @@ from safetensors.numpy import save_file
 
 from lmforge.data.hashing import encode, ngram_hashes, segment_ids, word_hashes
 from lmforge.errors import LmforgeError
+from lmforge.weights_file import honour_umask
 
 FORMAT = "lmforge-hashed-ngram-classifier/1"
 
@@ -118,6 +119,7 @@ class Classifier:
     def save(self, path: str | Path) -> None:
         settings = {"format": FORMAT, "bias": self.bias, **asdict(self.features)}
         save_file({"weights": self.weights}, str(path), metadata={"lmforge": json.dumps(settings)})
+        honour_umask(path)
 
     @classmethod
     def load(cls, path: str | Path) -> Classifier:

@@ -79,6 +79,8 @@ def test_saved_model_gives_identical_scores(model, data, tmp_path):
     texts = data["test"][0][:50] + data["test"][1][:50]
     assert np.array_equal(loaded.score_batch(texts), model.score_batch(texts))
     assert loaded.features == model.features
+    (tmp_path / "plain.txt").write_text("")  # the saved file gets the mode any other file gets
+    assert path.stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
 
 
 def test_training_is_seeded(data):
