@@ -372,6 +372,8 @@ def _train(
                         total_steps = from_rank_zero(total_steps)
                     schedule.plan(step, total_steps)
                     log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
+                    if len(schedule.plans) > 1:  # a resumed run given a new budget
+                        log(_replanned_message(schedule, step))
                     progress.total = total_steps
                     progress.refresh()
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
@@ -460,15 +462,14 @@ def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> 
 
 
 def _resumed_total(cfg: TrainConfig, state: dict) -> int | None:
-    """The step count a resumed run trains to: `max_steps` when set; else the saved one, or,
-    when the time budget changed, as many steps as the new budget's remaining time holds at
-    the run's own pace so far (its seconds per step, evaluations and checkpoints included)."""
+    """The step count a resumed run trains to: `max_steps` when set; else the saved one, or
+    None when the time budget changed: the first steps are timed again, as in a new budgeted
+    run, and fix how many more steps the remaining time holds."""
     if cfg.max_steps:
         return cfg.max_steps
-    step, seconds, saved = state["step"], state["seconds"], state["total_steps"]
-    if state.get("minutes", cfg.minutes) == cfg.minutes or not step or saved is None:
-        return saved
-    return step + max(0, int((cfg.minutes * 60 - seconds) / (seconds / step)))
+    if state.get("minutes", cfg.minutes) != cfg.minutes:
+        return None
+    return state["total_steps"]
 
 
 def _replanned_message(schedule: Schedule, step: int) -> str:

@@ -1,7 +1,9 @@
 """A finished run continues when given more steps (or a longer budget), on a new schedule tail."""
 
 import pytest
+import torch
 
+import lmforge.train.loop as loop
 import lmforge.train.step as step_module
 from lmforge.cli import main
 from lmforge.model import ModelConfig
@@ -62,8 +64,34 @@ def test_an_interrupted_extension_resumes_on_the_same_tail(prepared, tmp_path, m
     assert [r["loss"] for r in _logs(split)] == [r["loss"] for r in _logs(straight)]
 
 
-def test_a_longer_budget_adds_the_steps_its_time_holds_at_the_runs_pace():
+def test_a_longer_budget_times_the_first_steps_again_and_adds_a_tail(
+    prepared, tmp_path, monkeypatch
+):
+    def cfg(**kw):
+        return TrainConfig(batch_size=4, seq_len=32, warmup_steps=3, eval_every=0,
+                           eval_batches=1, log_every=1, device="cpu", **kw)  # fmt: skip
+
+    train(MODEL, cfg(max_steps=8), prepared.shard_dir, tmp_path, threads=1)
+
+    class FakeClock:  # every reading advances 10 ms: the run is independent of machine speed
+        now = 0.0
+
+        def perf_counter(self):
+            self.now += 0.01
+            return self.now
+
+    monkeypatch.setattr(loop, "time", FakeClock())
+    result = train(MODEL, cfg(minutes=0.05), prepared.shard_dir, tmp_path, threads=1)
+    state = torch.load(result.checkpoint / "trainer_state.pt", weights_only=True)
+    first, (start, total) = state["plans"]
+    assert first == [0, 8] and 8 < start < result.step <= total
+    lrs = [r["lr"] for r in _logs(tmp_path)]  # lrs[i]: step i's
+    assert lrs[start - 1] == pytest.approx(3e-4)  # the timed steps stay at the floor ...
+    assert lrs[start] > lrs[start - 1]  # ... and the new plan re-warms from there
+
+
+def test_the_saved_count_unless_the_length_changed():
     state = {"step": 100, "seconds": 60.0, "total_steps": 100, "minutes": 1.0}
-    assert _resumed_total(TrainConfig(minutes=2.0), state) == 200
-    assert _resumed_total(TrainConfig(minutes=1.0), state) == 100  # unchanged: the saved count
+    assert _resumed_total(TrainConfig(minutes=1.0), state) == 100
+    assert _resumed_total(TrainConfig(minutes=2.0), state) is None  # timed again
     assert _resumed_total(TrainConfig(minutes=1.0, max_steps=300), state) == 300
