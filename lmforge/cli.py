@@ -578,6 +578,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_checkpoint(path: str) -> None:
+    """Refuse a wrong checkpoint path (missing, a Hugging Face folder, no lmforge config) in one
+    line before torch is imported."""
+    from lmforge.train.checkpoint_dir import read_model_config, resolve_checkpoint
+
+    read_model_config(resolve_checkpoint(path))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from lmforge.infer import run
 
@@ -615,6 +623,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    _check_checkpoint(args.checkpoint)
     from lmforge.eval.run import evaluate_checkpoint
 
     evaluated = evaluate_checkpoint(
@@ -633,6 +642,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from lmforge.extras import require
 
     require("lmforge serve", "serve", "fastapi", "uvicorn")
+    _check_checkpoint(args.checkpoint)
     from lmforge.infer.server import serve
 
     serve(
@@ -648,6 +658,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    _check_checkpoint(args.checkpoint)
     from lmforge.infer.chat import run_chat
     from lmforge.infer.engine import SamplingParams
 
@@ -659,6 +670,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    _check_checkpoint(args.checkpoint)
     from lmforge.model.hf import export_hf
     from lmforge.train.checkpoint import load_checkpoint
 

@@ -378,7 +378,7 @@ def _only_length_changed(saved_toml: str, cfg: RunConfig) -> bool:
 def _nothing_finished(out: Path) -> bool:
     """Whether `out` is a run folder in which no stage finished (only config and partial work;
     names it does not know, and hidden temporary ones, are left alone by refusing)."""
-    from lmforge.train.checkpoint import list_checkpoints
+    from lmforge.train.checkpoint_dir import list_checkpoints
 
     entries = {e.name for e in out.iterdir() if not e.name.startswith(".")}
     if not entries <= set(RUN_ENTRIES):

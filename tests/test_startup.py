@@ -1,5 +1,6 @@
 """Commands that need no model never import torch: `--help`, `--version`, plan, the tokenizer,
-tokenize, the data pipeline, and the user errors found before a model is built."""
+tokenize, the data pipeline, and the user errors found before a model is built (a bad config,
+a checkpoint path that holds none)."""
 
 import subprocess
 import sys
@@ -21,6 +22,14 @@ if __name__ == "__main__":
 """
 
 
+CHECKPOINT_COMMANDS = [
+    ("chat", ""),
+    ("eval", ""),
+    ("export", " --out x"),
+    ("serve", ""),
+]
+
+
 def test_commands_that_need_no_model_do_not_import_torch(tmp_path):
     text = tmp_path / "a.txt"
     text.write_text(
@@ -28,6 +37,9 @@ def test_commands_that_need_no_model_do_not_import_torch(tmp_path):
     )
     (tmp_path / "b.txt").write_text("another document, kept for the validation split\n" * 20)
     tok, shards = tmp_path / "tok", tmp_path / "shards"
+    hf = tmp_path / "hf"  # a Hugging Face folder where a checkpoint belongs
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "llama"}')
     commands = [
         "--help",
         "--version",
@@ -39,6 +51,8 @@ def test_commands_that_need_no_model_do_not_import_torch(tmp_path):
         f"data run --input {text} --output {tmp_path / 'd'} --steps quality",
         "train --set train.lr=-1",
         "speedrun --set model.d_model=0",
+        *(f"{c} --checkpoint {tmp_path / 'nothing'}{rest}" for c, rest in CHECKPOINT_COMMANDS),
+        f"eval --checkpoint {hf}",
     ]
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.format(commands=[c.split() for c in commands]))
@@ -52,7 +66,8 @@ def test_commands_that_need_no_model_do_not_import_torch(tmp_path):
         code, imported, command = line.split(" ", 2)
         assert imported == "False", f"`lmforge {command}` imported torch"
         codes.append(code)
-    assert codes == ["0"] * 7 + ["2", "2"], result.stderr
+    assert codes == ["0"] * 7 + ["2"] * (len(commands) - 7), result.stderr
+    assert "lmforge import --from" in result.stderr
 
 
 def test_version_names_the_package(capsys):

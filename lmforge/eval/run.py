@@ -21,12 +21,8 @@ from lmforge.prepare import DataConfig
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.tokens.encode import document_ids
-from lmforge.train.checkpoint import (
-    TRAINED_ON,
-    load_checkpoint,
-    read_run_config,
-    resolve_checkpoint,
-)
+from lmforge.train.checkpoint import load_checkpoint
+from lmforge.train.checkpoint_dir import TRAINED_ON, read_run_config, resolve_checkpoint
 
 
 @dataclass

@@ -6,9 +6,9 @@ Names import their module (and torch) on first use; TrainConfig is torch-free.
 from lmforge.lazy import lazy_exports
 
 _EXPORTS = {
-    "list_checkpoints": "lmforge.train.checkpoint",
+    "list_checkpoints": "lmforge.train.checkpoint_dir",
     "load_model_weights": "lmforge.train.checkpoint",
-    "resolve_checkpoint": "lmforge.train.checkpoint",
+    "resolve_checkpoint": "lmforge.train.checkpoint_dir",
     "save_checkpoint": "lmforge.train.checkpoint",
     "clip_grad_norm": "lmforge.train.clip",
     "TrainConfig": "lmforge.train.config",

@@ -22,7 +22,6 @@ from lmforge.tokens.loader import DataSource, TokenLoader
 from lmforge.train.config import LOADERS
 
 
-
 class RandomBatches:
     def __init__(
         self,

@@ -36,13 +36,8 @@ from lmforge.threads import ThreadTrial, requested_threads
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.train.batches import make_batches
-from lmforge.train.checkpoint import (
-    is_distributed,
-    list_checkpoints,
-    load_model_weights,
-    load_training_state,
-    save_checkpoint,
-)
+from lmforge.train.checkpoint import load_model_weights, load_training_state, save_checkpoint
+from lmforge.train.checkpoint_dir import is_distributed, list_checkpoints
 from lmforge.train.compose import compose
 from lmforge.train.config import TrainConfig
 from lmforge.train.guard import NonFiniteGuard

@@ -32,7 +32,6 @@ from torch.utils.checkpoint import (
 from lmforge.errors import LmforgeError
 from lmforge.train.config import CHECKPOINTING_MODES
 
-
 _aten = torch.ops.aten
 SAVED_OPS = {  # kept by selective checkpointing: expensive to recompute
     _aten.mm.default,
@@ -50,7 +49,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     """Checkpoint every block of `model.layers` in `mode` (none, full or selective)."""
     if mode not in CHECKPOINTING_MODES:
         raise LmforgeError(
-            f"unknown activation checkpointing mode {mode!r}: choose one of {', '.join(CHECKPOINTING_MODES)}"
+            f"unknown activation checkpointing mode {mode!r}: choose one of "
+            f"{', '.join(CHECKPOINTING_MODES)}"
         )
     if mode == "none":
         return

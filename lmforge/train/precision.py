@@ -26,7 +26,6 @@ from lmforge.train.fp8 import Float8Linear, convert_to_float8, real_fp8_supporte
 from lmforge.train.loss_scale import DynamicLossScaler
 
 
-
 class Precision:
     """fp32 everywhere: the reference every other policy is measured against."""
 

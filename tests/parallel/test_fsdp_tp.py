@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lmforge.train.checkpoint import list_checkpoints
+from lmforge.train.checkpoint_dir import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
 LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2", "hsdp": "dp=2,fsdp=2"}

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
 from lmforge.parallel.checkpoint import export_safetensors
-from lmforge.train.checkpoint import list_checkpoints, load_checkpoint
+from lmforge.train.checkpoint import load_checkpoint
+from lmforge.train.checkpoint_dir import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
 STRATEGIES = {  # name: (train.* of the 2-process run, reference, tolerance)

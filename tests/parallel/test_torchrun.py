@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from lmforge.train.checkpoint import list_checkpoints
+from lmforge.train.checkpoint_dir import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
 
