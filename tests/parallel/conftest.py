@@ -111,13 +111,20 @@ REFERENCES = {
     "bf16": {"precision": "bf16"},
     "unfused": {"fused_adamw": False},
 }
+EXTENDED = {"fp32_extended": {}, "unfused_extended": {"fused_adamw": False}}
+"""Runs trained to half the steps, then extended to all of them (a new schedule tail): what a
+checkpoint resumed at another layout must reproduce."""
 
 
 @pytest.fixture(scope="session")
 def references(launcher, tmp_path_factory):
     """Single-process runs the parallel ones must reproduce: fp32, fp32 with 2 micro-batches
-    of gradient accumulation, bf16 autocast, and fp32 with lmforge's AdamW (fused_adamw=false)."""
+    of gradient accumulation, bf16 autocast, and fp32 with lmforge's AdamW (fused_adamw=false);
+    and the two AdamWs trained to half the steps, then extended."""
     root = tmp_path_factory.mktemp("reference")
     for name, overrides in REFERENCES.items():
+        launcher.single(root / name, **overrides)
+    for name, overrides in EXTENDED.items():
+        launcher.single(root / name, **overrides, max_steps=TRAIN["max_steps"] // 2)
         launcher.single(root / name, **overrides)
     return root

@@ -64,11 +64,11 @@ def group(launcher, tmp_path_factory):
     runs = [
         {"out": str(root / name), "train": {**base, **t}} for name, (t, _, _) in STRATEGIES.items()
     ]
-    half = {**base, "parallel": "fsdp=2", "max_steps": 2}
-    runs.append({"out": str(root / "resharded"), "train": half})
+    half = {"parallel": "fsdp=2", "max_steps": 2}
+    runs.append({"out": str(root / "resharded"), "train": {**base, **half}})
     runs.append({"out": str(root / "resharded"), "train": {**base, "parallel": "tp=2"}})
     unfused = {**base, "fused_adamw": False}
-    runs.append({"out": str(root / "resharded_unfused"), "train": {**half, **unfused}})
+    runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, **half}})
     runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, "parallel": "tp=2"}})
     zero1 = {**base, "parallel": "dp=2", "zero1": True}
     runs.append({"out": str(root / "zero1_resumed"), "train": {**zero1, "max_steps": 2}})
@@ -107,13 +107,17 @@ def test_communication_is_logged_per_strategy(group):
     assert all(r["comm_bytes_per_step"] > 0 for r in by_strategy.values())
 
 
-RESUMED = {"resharded": "fp32", "resharded_unfused": "unfused", "zero1_resumed": "fp32"}
+RESUMED = {
+    "resharded": "fp32_extended",
+    "resharded_unfused": "unfused_extended",
+    "zero1_resumed": "fp32_extended",
+}
 
 
 @pytest.mark.parametrize("name", RESUMED)
 def test_checkpoint_resumed_continues_the_run(name, group, references, launcher):
     """fsdp=2 → tp=2 (resharded by DCP; lmforge's AdamW state as well as PyTorch's), and
-    ZeRO-1's per-rank optimizer state at dp=2."""
+    ZeRO-1's per-rank optimizer state at dp=2: a 2-step run extended to 4 steps."""
     reference = references / RESUMED[name]
     assert losses(group / name) == pytest.approx(losses(reference), abs=1e-4)
     launcher.assert_same_weights(weights(group / name), weights(reference))
@@ -125,8 +129,9 @@ def test_checkpoint_from_fsdp_resumes_in_one_process(group, references, launcher
     (step_2 / "model.safetensors").unlink()  # only the run's last checkpoint has one anyway
     shutil.copy(group / "resharded" / "metrics.jsonl", tmp_path / "metrics.jsonl")
     launcher.single(tmp_path)
-    assert losses(tmp_path) == pytest.approx(losses(references / "fp32"), abs=1e-4)
-    launcher.assert_same_weights(weights(tmp_path), weights(references / "fp32"))
+    reference = references / "fp32_extended"
+    assert losses(tmp_path) == pytest.approx(losses(reference), abs=1e-4)
+    launcher.assert_same_weights(weights(tmp_path), weights(reference))
 
 
 def test_distributed_checkpoint_loads_for_inference(group, tmp_path):

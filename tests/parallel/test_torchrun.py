@@ -54,8 +54,9 @@ def test_train_under_torchrun(launcher, tmp_path):
 
 
 def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(launcher, tmp_path):
-    """SIGTERM reaching rank 1 only: both ranks agree at a log step, checkpoint and exit 0,
-    instead of rank 0 waiting in the next step's collectives until the timeout."""
+    """SIGTERM reaching rank 1 only: both ranks agree at a log step and checkpoint, instead of
+    rank 0 waiting in the next step's collectives until the timeout; rank 1 exits 143 (its
+    SIGTERM), rank 0 130 (stopped at another rank's request)."""
     out = tmp_path / "run"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,7 +81,7 @@ def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(launcher, t
         time.sleep(0.2)
     ranks[1].send_signal(signal.SIGTERM)
     outputs = [r.communicate(timeout=120)[0].decode() for r in ranks]
-    assert [r.returncode for r in ranks] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert [r.returncode for r in ranks] == [130, 143], outputs[0][-2000:] + outputs[1][-2000:]
     assert "another rank's stop request received at step" in outputs[0]
     stopped = int(outputs[0].split("stop request received at step ")[1].split(":")[0])
     assert stopped % 2 == 0 and 4 <= stopped < 1000
