@@ -540,8 +540,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return exit_status(result.stop_signal)
     if rank_zero:  # under torchrun, one summary line, not one per rank
         print(
-            f"done: step {result.step}, val loss {result.final_eval.loss:.4f}, "
-            f"{result.final_eval.bpb:.4f} bits/byte; checkpoint {result.checkpoint}"
+            f"done: step {result.step}, periodic validation ({result.final_eval.tokens:,} "
+            f"tokens): loss {result.final_eval.loss:.4f}, {result.final_eval.bpb:.4f} "
+            f"bits/byte; checkpoint {result.checkpoint}"
         )
     return 0
 

@@ -519,6 +519,8 @@ def test_report_and_metrics_name_the_final_and_periodic_evaluations_apart(speedr
     finals = [r for r in records if "final_val_bpb" in r]
     assert len(finals) == 1 and finals[0]["step"] == 60  # one, even after the rerun above
     assert finals[0]["final_eval_batches"] > 4
+    periodic = [r for r in records if "val_bpb" in r]
+    assert periodic and all(r["eval_batches"] == 4 for r in periodic)
 
 
 def test_checkpoint_and_export_files_all_have_the_same_mode(speedrun_dir, tmp_path, capsys):

@@ -375,7 +375,10 @@ def _train(
                     ev = run_eval()
                     if main:
                         metrics.write(
-                            step=step, val_loss=round(ev.loss, 5), val_bpb=round(ev.bpb, 5)
+                            step=step,
+                            val_loss=round(ev.loss, 5),
+                            val_bpb=round(ev.bpb, 5),
+                            eval_batches=cfg.eval_batches,
                         )
                     log(f"step {step} val loss {ev.loss:.4f} bpb {ev.bpb:.4f}")
                     throughput.reset()
@@ -401,7 +404,12 @@ def _train(
         if not interrupted:  # a stopped run saves and leaves: it has not ended
             final = run_eval(leave=True)
             if main:
-                metrics.write(step=step, val_loss=round(final.loss, 5), val_bpb=round(final.bpb, 5))
+                metrics.write(
+                    step=step,
+                    val_loss=round(final.loss, 5),
+                    val_bpb=round(final.bpb, 5),
+                    eval_batches=cfg.eval_batches,
+                )
     else:
         path = existing[-1]
         print(f"training: reusing {path} (already complete)")
