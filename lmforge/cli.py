@@ -331,9 +331,7 @@ def _plan_command(commands) -> None:
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per pass")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU of the compute (0.4)")
     p.add_argument("--explain", action="store_true", help="show the formula behind each line")
-    p.add_argument(
-        "--inference", action="store_true", help="serving only: no training sections"
-    )
+    p.add_argument("--inference", action="store_true", help="serving only: no training sections")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 

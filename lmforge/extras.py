@@ -24,8 +24,7 @@ def require(feature: str, extra: str, *modules: str) -> None:
     absent = missing(*modules)
     if absent:
         raise LmforgeError(
-            f"{feature} needs {', '.join(absent)} (not installed): "
-            f"pip install 'lmforge[{extra}]'"
+            f"{feature} needs {', '.join(absent)} (not installed): pip install 'lmforge[{extra}]'"
         )
 
 

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from lmforge.parallel.world import World
 
 
-
 def save_checkpoint(
     checkpoints_dir: str | Path,
     step: int,

@@ -15,6 +15,7 @@ from lmforge.model.config import ModelConfig
 
 STEP_PREFIX = "step_"
 
+
 def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     checkpoints_dir = Path(checkpoints_dir)
@@ -64,6 +65,7 @@ def read_model_config(checkpoint: str | Path) -> ModelConfig:
         raise LmforgeError(f"{path} holds an invalid model shape: {e}") from None
     return config
 
+
 def refuse_hf_folder(path: Path) -> None:
     """A Hugging Face model folder (config.json with model_type, no lmforge 'model' key)."""
     try:
@@ -80,6 +82,7 @@ def refuse_hf_folder(path: Path) -> None:
             "CKPT` first, then pass CKPT"
         )
 
+
 def is_distributed(checkpoint: str | Path) -> bool:
     """Whether `checkpoint` holds per-rank shards (lmforge.parallel.checkpoint)."""
     return (Path(checkpoint) / "dcp" / ".metadata").is_file()
@@ -87,6 +90,7 @@ def is_distributed(checkpoint: str | Path) -> bool:
 
 def has_weights(checkpoint: Path) -> bool:
     return (checkpoint / "model.safetensors").is_file() or is_distributed(checkpoint)
+
 
 TRAINED_ON = "trained_on"
 """The run config's key for the data a run trained on: {"shards": folder, "documents": path,
