@@ -641,8 +641,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from lmforge.extras import require
 
     require("lmforge serve", "serve", "fastapi", "uvicorn")
-    _check_checkpoint(args.checkpoint)
-    from lmforge.infer.server import serve
+    from lmforge.infer.server import serve  # checks the port, then the checkpoint
 
     serve(
         args.checkpoint,

@@ -2,14 +2,17 @@
 tokenize, the data pipeline, and the user errors found before a model is built (a bad config,
 a checkpoint path that holds none)."""
 
+import importlib
 import subprocess
 import sys
+import types
 
 import pytest
 
 # Each command runs in one fresh interpreter, in order; after each, torch must still be absent.
 SCRIPT = """
 import sys
+import types
 from lmforge.cli import main
 
 if __name__ == "__main__":
@@ -26,7 +29,6 @@ CHECKPOINT_COMMANDS = [
     ("chat", ""),
     ("eval", ""),
     ("export", " --out x"),
-    ("serve", ""),
 ]
 
 
@@ -78,3 +80,13 @@ def test_version_names_the_package(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"lmforge {__version__}"
+
+
+@pytest.mark.parametrize("package", ["model", "train", "tokens", "infer", "eval", "report"])
+def test_lazy_exports_are_not_shadowed_by_their_submodules(package):
+    """A submodule import sets the package attribute of its name, so a lazy export named like
+    its own module (lmforge.infer.generate's `generate`) would turn into the module."""
+    module = importlib.import_module(f"lmforge.{package}")
+    for name in module.__all__:
+        getattr(module, name)  # the first access imports the submodule that defines it
+        assert not isinstance(getattr(module, name), types.ModuleType), f"lmforge.{package}.{name}"

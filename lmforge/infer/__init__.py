@@ -1,8 +1,11 @@
 """Inference: KV caches, sampling, the batching engine, beam search and text completion.
 
-Names import their module (and torch) on first use.
+Names import their module (and torch) on first use, except `generate` and `stream`: a lazy
+name equal to its submodule's (`lmforge.infer.generate`) would be shadowed by that module
+once anything imports it.
 """
 
+from lmforge.infer.generate import generate, stream
 from lmforge.lazy import lazy_exports
 
 _EXPORTS = {
@@ -13,8 +16,6 @@ _EXPORTS = {
     "RequestHandle": "lmforge.infer.engine",
     "SamplingParams": "lmforge.infer.engine",
     "TokenEvent": "lmforge.infer.engine",
-    "generate": "lmforge.infer.generate",
-    "stream": "lmforge.infer.generate",
     "KVCache": "lmforge.infer.kv_cache",
     "sample_next_token": "lmforge.infer.sampling",
     "complete": "lmforge.infer.text",
@@ -22,5 +23,5 @@ _EXPORTS = {
     "stream_text": "lmforge.infer.text",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = ["generate", "stream", *_EXPORTS]
 __getattr__ = lazy_exports(__name__, _EXPORTS)
