@@ -19,12 +19,14 @@ def missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m.split(".")[0]) is None]
 
 
-def require(feature: str, extra: str, *modules: str) -> None:
-    """Raise a one-line LmforgeError naming `extra` unless every one of `modules` is installed."""
+def require(feature: str, extra: str, *modules: str, plural: bool = False) -> None:
+    """Raise a one-line LmforgeError naming `extra` unless every one of `modules` is installed
+    (`plural`: `feature` names several things, which "need" the packages)."""
     absent = missing(*modules)
     if absent:
+        need = "need" if plural else "needs"
         raise LmforgeError(
-            f"{feature} needs {', '.join(absent)} (not installed): pip install 'lmforge[{extra}]'"
+            f"{feature} {need} {', '.join(absent)} (not installed): pip install 'lmforge[{extra}]'"
         )
 
 

@@ -39,6 +39,10 @@ def test_the_documented_example_names_the_extra_before_writing_anything(monkeypa
     assert "writing jsonl.zst shards needs zstandard" in message
     assert message.endswith("pip install 'lmforge[data]'")
     assert not out.exists()  # the folder is not even claimed
+    _absent(monkeypatch, "zstandard", "py3langid")
+    with pytest.raises(LmforgeError) as error:
+        run_pipeline(cfg)
+    assert "the langid step and writing jsonl.zst shards need py3langid" in _one_line(error)
 
 
 @pytest.mark.parametrize(

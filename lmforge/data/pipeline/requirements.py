@@ -76,12 +76,13 @@ def require_all(needs: list[Need]) -> None:
             modules += [m for m in absent if m not in modules]
     for extra, (features, modules) in by_extra.items():
         feature = ", ".join(features[:-1]) + " and " + features[-1] if features[1:] else features[0]
+        need = "need" if features[1:] else "needs"
         if not extra:  # fastText is no extra: its own package
             raise LmforgeError(
-                f"{feature} needs {', '.join(modules)} (not installed): "
+                f"{feature} {need} {', '.join(modules)} (not installed): "
                 f"pip install {' '.join(modules)}"
             )
-        extras.require(feature, extra, *modules)
+        extras.require(feature, extra, *modules, plural=bool(features[1:]))
 
 
 def check_requirements(cfg: PipelineConfig) -> None:
