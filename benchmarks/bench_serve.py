@@ -36,8 +36,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.engine import Engine
+from lmforge.tokenizer.chat_template import ChatTemplate, Message
 from lmforge.train.checkpoint import load_checkpoint
 
 RESULTS = Path(__file__).parent / "results" / "serve.json"

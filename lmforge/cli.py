@@ -605,7 +605,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lmforge.plan.command import run_plan
+    from lmforge.plan_command import run_plan
 
     flags = vars(args).copy()
     for key in ("func", "command", "json", "hardware"):

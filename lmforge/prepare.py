@@ -55,7 +55,8 @@ class DataConfig:
 class TokenizerConfig:
     vocab_size: int = 4096
     pattern: str = "gpt2"
-    # <|endoftext|> separates documents; the ChatML pair marks chat turns (infer/chat_template.py)
+    # <|endoftext|> separates documents; the ChatML pair marks chat turns
+    # (tokenizer/chat_template.py)
     special_tokens: list[str] = field(
         default_factory=lambda: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     )

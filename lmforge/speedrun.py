@@ -18,7 +18,6 @@ import torch
 
 from lmforge.config import RunConfig, claim_run_dir, to_dict
 from lmforge.errors import LmforgeError
-from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths, unigram_bpb
 from lmforge.infer import complete
 from lmforge.parallel.world import world_size_from_env
 from lmforge.prepare import Prepared, prepare_corpus
@@ -27,6 +26,7 @@ from lmforge.report.report import ReportData, Sample, warn_if_behind_baseline, w
 from lmforge.threads import requested_threads, using_threads
 from lmforge.tokens import load_tokens
 from lmforge.train import TrainResult, train
+from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths, unigram_bpb
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import TRAINED_ON, data_record
 from lmforge.train.loop import eval_batches

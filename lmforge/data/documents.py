@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.data.stats import ReadStats
 from lmforge.data.webdataset import is_tar, tar_documents
 from lmforge.errors import LmforgeError
 
@@ -34,14 +35,6 @@ class Document:
     def from_json(cls, line: str) -> Document:
         obj = json.loads(line)
         return cls(id=obj["id"], text=obj["text"], meta=obj.get("meta", {}))
-
-
-@dataclass
-class ReadStats:
-    files: int = 0
-    skipped_not_utf8: int = 0
-    documents: int = 0
-    bytes: int = 0
 
 
 def stdlib_root() -> Path:

@@ -19,7 +19,7 @@ from lmforge.data.streams import TruncatedFile, read_all, read_chunks, read_line
 from lmforge.extras import import_extra
 
 if TYPE_CHECKING:
-    from lmforge.data.readers import ReadConfig, Unit
+    from lmforge.data.read_units import ReadConfig, Unit
 
 
 def _is_binary(data: bytes) -> bool:
@@ -150,7 +150,7 @@ def _warc(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
 
 
 def _tar(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
-    from lmforge.data.documents import ReadStats
+    from lmforge.data.stats import ReadStats
     from lmforge.data.webdataset import tar_documents
 
     counts = ReadStats()

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from lmforge.data.documents import TXT_CHUNK_BYTES, Document, source_name, stdlib_root
+from lmforge.data.documents import Document, source_name, stdlib_root
+from lmforge.data.formats import READERS
+from lmforge.data.read_units import ReadConfig, Unit
 from lmforge.data.stats import StepStats
 from lmforge.data.streams import CorruptFile, TruncatedFile, strip_compression
 from lmforge.errors import LmforgeError
@@ -26,30 +27,6 @@ CODE_SUFFIXES = frozenset(
     | {".jsx", ".tsx", ".rb", ".php", ".cs", ".swift", ".kt", ".scala", ".sh", ".lua", ".sql"}
 )
 TEXT_SUFFIXES = frozenset((".txt", ".md", ".rst", ".text"))
-
-
-@dataclass
-class ReadConfig:
-    shard_bytes: int = 16_000_000  # input files are grouped into shards of about this size
-    max_doc_bytes: int = 10_000_000  # larger documents are skipped as `too_large`
-    txt_chunk_bytes: int = TXT_CHUNK_BYTES  # 0: one document per .txt file
-    text_key: str = "text"  # JSONL/Parquet/HF field holding the text
-    id_key: str = "id"
-    hf_split: str = "train"
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One readable input: a file of a known kind, a stdlib file, or a HF dataset."""
-
-    kind: str
-    path: str
-    size: int = 0
-    name: str = ""  # how document ids name it (documents.source_name); "" for the path
-
-    @property
-    def doc_id(self) -> str:
-        return self.name or self.path
 
 
 def file_kind(path: Path) -> str | None:
@@ -124,8 +101,6 @@ def read_shard(units: list[Unit], cfg: ReadConfig, stats: StepStats) -> Iterator
     `docs_in` counts every item read: each document a reader yields, and each file, line or
     record it skips (a non-UTF-8 file, a bad JSON line), so `docs_in = docs_out + removed`.
     """
-    from lmforge.data.formats import READERS
-
     for unit in units:
         stats.count("files")
         removed_before = sum(stats.removed.values())

@@ -70,3 +70,13 @@ def merge_all(per_shard: list[list[StepStats]]) -> list[StepStats]:
         for acc, s in zip(total, stats, strict=True):
             acc.merge(s)
     return total
+
+
+@dataclass
+class ReadStats:
+    """What reading documents saw: files, documents, bytes, and files skipped as not UTF-8."""
+
+    files: int = 0
+    skipped_not_utf8: int = 0
+    documents: int = 0
+    bytes: int = 0

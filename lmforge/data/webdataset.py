@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from lmforge.errors import LmforgeError
 
 if TYPE_CHECKING:
-    from lmforge.data.documents import ReadStats
+    from lmforge.data.stats import ReadStats
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 

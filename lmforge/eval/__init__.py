@@ -1,4 +1,5 @@
-"""Evaluation: validation loss, bits per byte, baselines.
+"""Evaluation of a checkpoint: validation loss, bits per byte, baselines (measured by
+lmforge.train.bpb, the same code periodic validation runs).
 
 Names import their module (and torch) on first use.
 """
@@ -6,10 +7,10 @@ Names import their module (and torch) on first use.
 from lmforge.lazy import lazy_exports
 
 _EXPORTS = {
-    "EvalResult": "lmforge.eval.bpb",
-    "evaluate": "lmforge.eval.bpb",
-    "token_byte_lengths": "lmforge.eval.bpb",
-    "unigram_bpb": "lmforge.eval.bpb",
+    "EvalResult": "lmforge.train.bpb",
+    "evaluate": "lmforge.train.bpb",
+    "token_byte_lengths": "lmforge.train.bpb",
+    "unigram_bpb": "lmforge.train.bpb",
 }
 
 __all__ = list(_EXPORTS)

@@ -16,11 +16,11 @@ import numpy as np
 
 from lmforge.data import is_validation, read_documents, stdlib_documents
 from lmforge.errors import LmforgeError
-from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.prepare import DataConfig
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.tokens.encode import document_ids
+from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import TRAINED_ON, read_run_config, resolve_checkpoint
 

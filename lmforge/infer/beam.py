@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.infer.kv_cache import KVCache
+from lmforge.model.cache import KVCache
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer

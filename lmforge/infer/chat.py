@@ -1,9 +1,9 @@
 """`lmforge chat`: a conversation with a checkpoint in the terminal, replies streamed as generated.
 
-Every turn the whole conversation goes through the chat template (`chat_template.py`); when it
-no longer fits the context window with room for a reply, the oldest messages are left out (a
-leading system message stays). `/reset` starts a new conversation; `/exit` or the end of input
-quits; Ctrl-C during a reply stops that reply.
+Every turn the whole conversation goes through the chat template
+(`tokenizer/chat_template.py`); when it no longer fits the context window with room for a
+reply, the oldest messages are left out (a leading system message stays). `/reset` starts a
+new conversation; `/exit` or the end of input quits; Ctrl-C during a reply stops that reply.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TextIO
 
 from lmforge.errors import LmforgeError
-from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.weights import load_for_decode
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.chat_template import ChatTemplate, Message
 
 HELP = "/reset starts a new conversation, /exit quits"
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.infer.kv_cache import KVCache
 from lmforge.infer.sampling import check_sampling_args, sample_next_token
+from lmforge.model.cache import KVCache
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lmforge.infer.chat_template import Message
 from lmforge.infer.engine import SamplingParams
+from lmforge.tokenizer.chat_template import Message
 
 MAX_STOPS = 4
 

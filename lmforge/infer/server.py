@@ -36,10 +36,10 @@ from starlette.exceptions import HTTPException
 
 from lmforge.errors import LmforgeError
 from lmforge.infer import openai_schema as api
-from lmforge.infer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
 from lmforge.infer.text import prompt_ids
 from lmforge.infer.weights import load_for_decode
+from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
 
 if TYPE_CHECKING:
     from lmforge.tokenizer import Tokenizer

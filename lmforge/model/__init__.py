@@ -16,6 +16,8 @@ _EXPORTS = {
     "Block": "lmforge.model.transformer",
     "Transformer": "lmforge.model.transformer",
     "ModelConfig": "lmforge.model.config",
+    "Cache": "lmforge.model.cache",
+    "KVCache": "lmforge.model.cache",
 }
 
 __all__ = list(_EXPORTS)

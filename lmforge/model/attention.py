@@ -12,7 +12,7 @@ from lmforge.model.layers import Linear
 from lmforge.model.rope import apply_rope
 
 if TYPE_CHECKING:
-    from lmforge.infer.kv_cache import KVCache
+    from lmforge.model.cache import Cache
 
 
 def causal_attention(
@@ -78,7 +78,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: KVCache | None = None,
+        kv_cache: Cache | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads

@@ -25,9 +25,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
-from lmforge.infer.chat_template import ChatTemplate
 from lmforge.model.transformer import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.tokenizer.hf_json import to_json
 from lmforge.tokenizer.tokenizer import EOT
 from lmforge.weights_file import save_module, save_tensors

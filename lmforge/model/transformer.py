@@ -15,7 +15,7 @@ from lmforge.model.moe import MoE
 from lmforge.model.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from lmforge.infer.kv_cache import KVCache
+    from lmforge.model.cache import Cache
 
 
 class Block(nn.Module):
@@ -38,7 +38,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: KVCache | None = None,
+        kv_cache: Cache | None = None,
     ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache)
         return x + self.mlp(self.mlp_norm(x))
@@ -60,7 +60,7 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(
-        self, ids: torch.Tensor, kv_cache: KVCache | None = None, last_only: bool = False
+        self, ids: torch.Tensor, kv_cache: Cache | None = None, last_only: bool = False
     ) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given.
 

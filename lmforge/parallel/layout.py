@@ -1,12 +1,8 @@
-"""The `--parallel` layout: parsing "dp=2,tp=2", and checking it against world size and model.
+"""The `--parallel` flag: parsing "dp=2,tp=2" into a Layout (plan/layout.py, the one
+torch-free definition), and checking it against world size and model.
 
 Pure functions, no process group: a layout is checked before any process starts collectives,
 so a bad `--parallel` fails fast with one clear line on every rank.
-
-Three mesh dimensions, outermost first:
-  dp    replicated data parallel: DDP when it is the only one, else FSDP2's replicate dimension
-  fsdp  sharded data parallel (FSDP2 / ZeRO-3): parameters, gradients and optimizer state sharded
-  tp    tensor parallel (Megatron style), the innermost so its collectives stay within a node
 Whatever the named degrees leave of the world size goes to dp.
 """
 
@@ -16,31 +12,17 @@ import math
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
+from lmforge.plan.layout import DIMS, Layout
 
-DIMS = ("dp", "fsdp", "tp")
-
-
-@dataclass(frozen=True)
-class Layout:
-    dp: int = 1  # replicas (DDP, or the replicate dimension of HSDP)
-    fsdp: int = 1  # shards of parameters, gradients and optimizer state (ZeRO-3)
-    tp: int = 1  # tensor-parallel degree
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.fsdp * self.tp
-
-    @property
-    def data_parallel(self) -> int:
-        """Ranks that see different rows of the global batch."""
-        return self.dp * self.fsdp
-
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(getattr(self, d) for d in DIMS)
-
-    def __str__(self) -> str:
-        named = [f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) > 1]
-        return ",".join(named) or "single process"
+__all__ = [
+    "DIMS",
+    "Layout",
+    "ParallelOptions",
+    "check_batch",
+    "check_model",
+    "parse_layout",
+    "resolve_layout",
+]
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The hardware table: devices (peak FLOP/s, memory, bandwidth) and links, from hardware.toml.
 
-`cpu-local` is not in the file: it is measured on this machine by `cpu_local` (and cached).
+`cpu-local` is not in the file: it is measured on this machine (lmforge.plan_sources, with
+torch) and handed in as a `Device`; the planner itself never imports torch.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def link_names() -> list[str]:
 
 def device(key: str) -> Device:
     if key == CPU_LOCAL:
-        from lmforge.plan.cpu_local import cpu_local_device
-
-        return cpu_local_device()
+        raise LmforgeError(
+            "cpu-local is measured, not read from the table: use lmforge.plan_sources.device"
+        )
     entry = _table()["devices"].get(key)
     if entry is None:
         raise LmforgeError(

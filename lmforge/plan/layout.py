@@ -1,6 +1,13 @@
-"""The parallel layout as the planner sees it: training's Layout (lmforge.parallel.layout:
-dp, fsdp and tp degrees) plus the ZeRO stage of the dp dimension and sequence parallelism,
-which training sets through its own options.
+"""The parallel layout: dp, fsdp and tp degrees, plus (for the planner) the ZeRO stage of the dp
+dimension and sequence parallelism, which training sets through its own options.
+
+The one definition, torch-free: parallel/ builds its device mesh from it (parallel/layout.py
+parses `--parallel` into it) and the planner prices it.
+
+Three mesh dimensions, outermost first:
+  dp    replicated data parallel: DDP when it is the only one, else FSDP2's replicate dimension
+  fsdp  sharded data parallel (FSDP2 / ZeRO-3): parameters, gradients and optimizer state sharded
+  tp    tensor parallel (Megatron style), the innermost so its collectives stay within a node
 
 Mesh dimensions are laid out innermost first, tp → fsdp → dp, as torchtitan does: tensor
 parallelism, the most talkative, stays inside a node when it fits. A dimension crosses nodes
@@ -13,11 +20,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
-from lmforge.parallel.layout import Layout as MeshLayout
+
+DIMS = ("dp", "fsdp", "tp")
 
 
 @dataclass(frozen=True)
-class Layout(MeshLayout):
+class Layout:
+    dp: int = 1  # replicas (DDP, or the replicate dimension of HSDP)
+    fsdp: int = 1  # shards of parameters, gradients and optimizer state (ZeRO-3)
+    tp: int = 1  # tensor-parallel degree
     zero: int = 0  # ZeRO stage of the dp dimension: 0 DDP, 1 optimizer, 2 + gradients, 3 all
     sp: bool = False  # sequence parallel across the tp dimension
 
@@ -27,6 +38,22 @@ class Layout(MeshLayout):
                 raise LmforgeError(f"--parallel {name}={getattr(self, name)}: use 1 or more")
         if self.zero not in (0, 1, 2, 3):
             raise LmforgeError(f"--parallel zero={self.zero}: choose a ZeRO stage 0, 1, 2 or 3")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.fsdp * self.tp
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different rows of the global batch."""
+        return self.dp * self.fsdp
+
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(getattr(self, d) for d in DIMS)
+
+    def __str__(self) -> str:
+        named = [f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) > 1]
+        return ",".join(named) or "single process"
 
     def normalized(self) -> Layout:
         """ZeRO-3 on the dp dimension is FSDP: fold it in."""

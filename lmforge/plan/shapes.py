@@ -1,7 +1,8 @@
 """ModelShape: the handful of numbers the planner reads, and where they come from.
 
 A shape is built from anything with a `ModelConfig`'s attributes (duck typing, so the planner
-never imports torch), from a TOML run config, or from a preset name. Two families:
+never imports torch); preset names and TOML run configs become shapes in
+lmforge.plan_sources, outside the planner. Two families:
 - `llama`: what lmforge's Transformer builds (RMSNorm, RoPE, SwiGLU or a sparse MoE of SwiGLU
   experts, no biases), so every lmforge preset plans as exactly the model it trains;
 - `gpt2`: the published GPT-2 (learned positions, LayerNorm and linear biases, a 4·d GELU MLP,
@@ -14,9 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-
-from lmforge.errors import LmforgeError
 
 FAMILIES = ("llama", "gpt2")
 
@@ -85,32 +83,6 @@ def gpt2(name: str, d_model: int, n_layers: int, n_heads: int) -> ModelShape:
 # Published shapes the planner knows beyond lmforge's presets (Radford et al. 2019).
 PUBLISHED = {"gpt2-124m": lambda: gpt2("gpt2-124m", 768, 12, 12)}
 LMFORGE_PREFIX = "lmforge-"  # `lmforge-gpt2-124m`: the lmforge preset a published name shadows
-
-
-def shape_names() -> list[str]:
-    from lmforge.config import PRESETS
-
-    shadowed = [LMFORGE_PREFIX + name for name in PRESETS if name in PUBLISHED]
-    return [*PRESETS, *shadowed, *(n for n in PUBLISHED if n not in PRESETS)]
-
-
-def resolve(model: str) -> ModelShape:
-    """A preset name, a published shape's name, or the path of a TOML run config."""
-    from lmforge.config import PRESETS, load_config
-
-    if model in PUBLISHED:
-        return PUBLISHED[model]()
-    preset_name = model.removeprefix(LMFORGE_PREFIX)
-    if preset_name in PRESETS:
-        return from_model_config(model, PRESETS[preset_name]().model)
-    if model.endswith(".toml") or Path(model).exists():
-        cfg = load_config(path=model)
-        cfg.model.validate()
-        return from_model_config(cfg.name, cfg.model)
-    raise LmforgeError(
-        f"--model {model!r} is neither a preset nor a TOML config file: "
-        f"choose one of {', '.join(shape_names())} or pass a config path"
-    )
 
 
 def with_kv_heads(shape: ModelShape, n_kv_heads: int) -> ModelShape:

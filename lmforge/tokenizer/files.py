@@ -14,15 +14,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lmforge.errors import LmforgeError
 from lmforge.tokenizer.gpt2_files import merges_txt, parse_merges, parse_vocab, vocab_json
+from lmforge.tokenizer.hf_json import from_json, to_json
+from lmforge.tokenizer.parts import HasParts, Parts
 from lmforge.tokenizer.pretokenize import GPT2_PATTERN
 from lmforge.tokenizer.tiktoken_file import read_tiktoken, write_tiktoken
-
-if TYPE_CHECKING:
-    from lmforge.tokenizer.tokenizer import Tokenizer
 
 VOCAB = "vocab.json"
 MERGES = "merges.txt"
@@ -31,7 +29,7 @@ TIKTOKEN = "tokenizer.tiktoken"
 META = "lmforge_tokenizer.json"
 
 
-def save(tokenizer: Tokenizer, directory: str | Path) -> None:
+def save(tokenizer: HasParts, directory: str | Path) -> None:
     target = Path(directory)
     if target.exists() and not target.is_dir():
         raise LmforgeError(f"{target} is a file, not a folder; pass a folder path to save into")
@@ -51,9 +49,7 @@ def save(tokenizer: Tokenizer, directory: str | Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write(tokenizer: Tokenizer, folder: Path) -> None:
-    from lmforge.tokenizer.hf_json import to_json
-
+def _write(tokenizer: HasParts, folder: Path) -> None:
     ranks, specials = tokenizer.mergeable_ranks, tokenizer.special_tokens
     (folder / VOCAB).write_text(vocab_json(ranks, specials), encoding="utf-8")
     (folder / MERGES).write_text(merges_txt(tokenizer.merges), encoding="utf-8")
@@ -64,13 +60,11 @@ def _write(tokenizer: Tokenizer, folder: Path) -> None:
     (folder / META).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
-def load(path: str | Path, backend: str | None = None) -> Tokenizer:
-    from lmforge.tokenizer.hf_json import from_json
-    from lmforge.tokenizer.tokenizer import Tokenizer
-
+def load(path: str | Path) -> Parts:
+    """The parts of the tokenizer in folder `path`, or in the tokenizer.json file `path`."""
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
-        return from_json(_read_json(path), str(path), backend)
+        return from_json(_read_json(path), str(path))
     if path.is_file():
         raise LmforgeError(
             f"{path} is a file; pass a tokenizer folder or a tokenizer.json file "
@@ -88,12 +82,12 @@ def load(path: str | Path, backend: str | None = None) -> Tokenizer:
         if (path / MERGES).exists():
             lines = (path / MERGES).read_text(encoding="utf-8").splitlines()
             merges = parse_merges(lines, ranks, str(path / MERGES))
-        return Tokenizer(ranks, specials, pattern or GPT2_PATTERN, merges=merges, backend=backend)
+        return Parts(ranks, specials, pattern or GPT2_PATTERN, merges)
     if (path / HF_JSON).exists():
-        return from_json(_read_json(path / HF_JSON), str(path / HF_JSON), backend)
+        return from_json(_read_json(path / HF_JSON), str(path / HF_JSON))
     if (path / TIKTOKEN).exists():
         ranks = read_tiktoken(path / TIKTOKEN)
-        return Tokenizer(ranks, specials or {}, pattern or GPT2_PATTERN, backend=backend)
+        return Parts(ranks, specials or {}, pattern or GPT2_PATTERN)
     raise LmforgeError(
         f"{path / VOCAB} not found, nor {HF_JSON} or {TIKTOKEN}; the tokenizer folder needs one "
         "(save one there)"

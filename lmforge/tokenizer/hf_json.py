@@ -13,13 +13,13 @@ from typing import Any
 from lmforge.errors import LmforgeError
 from lmforge.tokenizer.bytes_unicode import bytes_to_text
 from lmforge.tokenizer.gpt2_files import merge_lines, parse_merges, parse_vocab
+from lmforge.tokenizer.parts import HasParts, Parts
 from lmforge.tokenizer.pretokenize import GPT2_PATTERN
-from lmforge.tokenizer.tokenizer import Tokenizer
 
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False}
 
 
-def to_json(tokenizer: Tokenizer) -> dict[str, Any]:
+def to_json(tokenizer: HasParts) -> dict[str, Any]:
     specials = tokenizer.special_tokens
     vocab = {bytes_to_text(t): i for t, i in tokenizer.mergeable_ranks.items()}
     vocab.update(specials)
@@ -69,8 +69,9 @@ def to_json(tokenizer: Tokenizer) -> dict[str, Any]:
     }
 
 
-def from_json(obj: Any, origin: str, backend: str | None = None) -> Tokenizer:
-    """A Tokenizer from a parsed tokenizer.json of a byte-level BPE (ours, GPT-2's, Llama 3's)."""
+def from_json(obj: Any, origin: str) -> Parts:
+    """A tokenizer's parts from a parsed tokenizer.json of a byte-level BPE (ours, GPT-2's,
+    Llama 3's)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
         raise LmforgeError(f"{origin} has no 'model' object; it is not a tokenizer.json")
     model = obj["model"]
@@ -93,7 +94,7 @@ def from_json(obj: Any, origin: str, backend: str | None = None) -> Tokenizer:
     raw = model.get("merges") or []
     lines = [m if isinstance(m, str) else " ".join(map(str, m)) for m in raw]
     merges = parse_merges(lines, ranks, f"{origin} model.merges", "entry")
-    return Tokenizer(ranks, specials, pattern, merges=merges, backend=backend)
+    return Parts(ranks, specials, pattern, merges)
 
 
 def _pattern(pre: Any, origin: str) -> str:

@@ -255,7 +255,8 @@ class Tokenizer:
         vocab.json + merges.txt alone will do), or a Hugging Face tokenizer.json file."""
         from lmforge.tokenizer.files import load
 
-        return load(path, backend=backend)
+        ranks, specials, pattern, merges = load(path)
+        return cls(ranks, specials, pattern, merges=merges, backend=backend)
 
     def save_tiktoken(self, path: str | Path) -> None:
         """Write the ranks in tiktoken's format: one `base64(token) rank` line per token."""

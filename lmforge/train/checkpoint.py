@@ -9,7 +9,7 @@ run trained on, so `lmforge eval` defaults to the run's own validation split.
 It is written under a temporary name and renamed, so an interrupted save never leaves a half
 checkpoint where a complete one is expected. A run on many processes writes a distributed
 checkpoint instead, with the weights and optimizer state as per-rank shards in `dcp/`
-(lmforge.parallel.checkpoint); it resumes at any layout and loads for inference like any other.
+(lmforge.train.checkpoint_dcp); it resumes at any layout and loads for inference like any other.
 
 `load_checkpoint` is the one way a command (generate, chat, serve, eval, export, speedrun) loads
 a model: it checks the device, then the folder (missing, a Hugging Face folder, a config of
@@ -30,9 +30,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model
 
 from lmforge.errors import LmforgeError
-from lmforge.model import ModelConfig, Transformer
+from lmforge.model import Transformer
 from lmforge.train.checkpoint_dir import (
     STEP_PREFIX,
+    check_model_shape,
     list_checkpoints,
     read_model_config,
     resolve_checkpoint,
@@ -71,7 +72,7 @@ def save_checkpoint(
             shutil.copytree(tokenizer_dir, tmp / "tokenizer")
 
     if world is not None:
-        from lmforge.parallel.checkpoint import save_distributed
+        from lmforge.train.checkpoint_dcp import save_distributed
 
         save_distributed(final, model, optimizer, world.data_rank, write_metadata)
         if not world.is_main:
@@ -96,7 +97,7 @@ def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:
     check_model_shape(checkpoint, model.config)
     weights = Path(checkpoint) / "model.safetensors"
     if not weights.is_file():  # a distributed checkpoint: gather its shards into this whole model
-        from lmforge.parallel.checkpoint import load_model_only
+        from lmforge.train.checkpoint_dcp import load_model_only
 
         load_model_only(model, checkpoint)
         return
@@ -135,19 +136,6 @@ def saved_dtype(path: str | Path) -> torch.dtype:
             "checkpoint (an earlier checkpoints/step_N)"
         ) from None
     return _SAFETENSORS_DTYPES.get(code, torch.float32)
-
-
-def check_model_shape(checkpoint: str | Path, config: ModelConfig) -> None:
-    saved = read_model_config(checkpoint)
-    if saved != config:
-        diff = {
-            k: (v, getattr(config, k)) for k, v in asdict(saved).items() if getattr(config, k) != v
-        }
-        raise LmforgeError(
-            f"checkpoint {checkpoint} has another model shape "
-            f"({', '.join(f'{k}: saved {a} vs now {b}' for k, (a, b) in diff.items())}): "
-            "use the same preset/config as the run that wrote it, or start over with --fresh"
-        )
 
 
 def load_training_state(

@@ -8,6 +8,7 @@ config says so in one line before it imports torch.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
@@ -84,7 +85,7 @@ def refuse_hf_folder(path: Path) -> None:
 
 
 def is_distributed(checkpoint: str | Path) -> bool:
-    """Whether `checkpoint` holds per-rank shards (lmforge.parallel.checkpoint)."""
+    """Whether `checkpoint` holds per-rank shards (lmforge.train.checkpoint_dcp)."""
     return (Path(checkpoint) / "dcp" / ".metadata").is_file()
 
 
@@ -113,3 +114,16 @@ def read_run_config(checkpoint: str | Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         return {}
     return run if isinstance(run, dict) else {}
+
+
+def check_model_shape(checkpoint: str | Path, config: ModelConfig) -> None:
+    saved = read_model_config(checkpoint)
+    if saved != config:
+        diff = {
+            k: (v, getattr(config, k)) for k, v in asdict(saved).items() if getattr(config, k) != v
+        }
+        raise LmforgeError(
+            f"checkpoint {checkpoint} has another model shape "
+            f"({', '.join(f'{k}: saved {a} vs now {b}' for k, (a, b) in diff.items())}): "
+            "use the same preset/config as the run that wrote it, or start over with --fresh"
+        )

@@ -88,7 +88,11 @@ def compose(
 
         param_dtype = precision.dtype if precision.name == "bf16" else None
         compute = parallelize(
-            model, world, parallel, activation_checkpointing, compile, param_dtype
+            model,
+            world,
+            parallel,
+            param_dtype,
+            lambda blocks: _prepare_blocks(blocks, activation_checkpointing, compile),
         )
         evaluator = FullLogits(compute) if world.layout.tp > 1 else None
         return Composed(model, compute, precision, world=world, evaluator=evaluator)
@@ -98,11 +102,16 @@ def compose(
         copy = ComputeCopy(model, device, precision.module_dtype)
         inner = copy.module
     compute = precision.wrap(inner)
-    apply_activation_checkpointing(inner, activation_checkpointing)
-    if compile:
-        for block in inner.layers:
-            block.compile()
+    _prepare_blocks(inner, activation_checkpointing, compile)
     return Composed(model, compute, precision, copy)
+
+
+def _prepare_blocks(model: nn.Module, activation_checkpointing: str, compile: bool) -> None:
+    """Activation checkpointing, then compile, per transformer block."""
+    apply_activation_checkpointing(model, activation_checkpointing)
+    if compile:
+        for block in model.layers:
+            block.compile()
 
 
 # glibc's mallopt parameters (malloc.h)

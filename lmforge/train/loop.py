@@ -27,7 +27,6 @@ import torch
 
 from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
-from lmforge.eval.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.model import ModelConfig, Transformer
 from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.world import World, any_rank, distributed, from_rank_zero, mean_over_data
@@ -36,6 +35,7 @@ from lmforge.threads import ThreadTrial, requested_threads
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.train.batches import make_batches
+from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths
 from lmforge.train.checkpoint import load_model_weights, load_training_state, save_checkpoint
 from lmforge.train.checkpoint_dir import is_distributed, list_checkpoints
 from lmforge.train.compose import compose
@@ -141,9 +141,9 @@ def _train(
         )
     model_config.validate()
     if world is not None:
-        from lmforge.parallel import parallelize as parallel  # heavier: import only when used
+        from lmforge.train import distributed  # heavier: import only when used
 
-        parallel.check_parallel(world, cfg, model_config)
+        distributed.check_parallel(world, cfg, model_config)
     val_tokens = load_tokens(shard_dir, "val")
     byte_lengths = token_byte_lengths(tokenizer)
     precision = make_precision(cfg.precision, device, cfg.cast_module)
@@ -159,7 +159,7 @@ def _train(
     if world is None:
         optimizer = build_optimizer(model, cfg.lr, betas, cfg.weight_decay, cfg.fused_adamw)
     else:
-        optimizer = parallel.build_parallel_optimizer(
+        optimizer = distributed.build_parallel_optimizer(
             model, world, options, cfg.lr, betas, cfg.weight_decay, cfg.fused_adamw
         )
     guard = NonFiniteGuard(master_device, cfg.max_bad_steps)
@@ -176,7 +176,7 @@ def _train(
     last_good = existing[-1] if existing else None
     if existing:
         if is_distributed(existing[-1]):
-            from lmforge.parallel.checkpoint import load_distributed
+            from lmforge.train.checkpoint_dcp import load_distributed
 
             load_distributed(existing[-1], model, optimizer, data_rank, data_parallel)
             state, loader_state = load_training_state(existing[-1], None)
@@ -291,7 +291,7 @@ def _train(
                 t0 = time.perf_counter()
                 lr = schedule.lr(step)
                 counting = world is not None and len(step_times) == COUNTED_STEP
-                with parallel.count_collectives() if counting else contextlib.nullcontext() as c:
+                with distributed.count_collectives() if counting else contextlib.nullcontext() as c:
                     result = train_step(
                         composed,
                         optimizer,
@@ -398,7 +398,7 @@ def _train(
     if step_times or interrupted or not existing:
         path = checkpoint()
         if world is not None and main:
-            from lmforge.parallel.checkpoint import export_safetensors
+            from lmforge.train.checkpoint_dcp import export_safetensors
 
             export_safetensors(path)  # the final checkpoint, ready for inference in one file
         if not interrupted:  # a stopped run saves and leaves: it has not ended

@@ -8,11 +8,11 @@ import pytest
 import torch
 from playwright.sync_api import sync_playwright
 
-from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.server import create_app, running
 from lmforge.model import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.chat_template import ChatTemplate, Message
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [

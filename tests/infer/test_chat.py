@@ -7,10 +7,10 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.infer.chat import chat_session
-from lmforge.infer.chat_template import ChatTemplate, Message, ReplyStripper
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.model import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.chat_template import ChatTemplate, Message, ReplyStripper
 
 EOT = "<|endoftext|>"
 

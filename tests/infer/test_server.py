@@ -13,12 +13,12 @@ import openai
 import pytest
 import torch
 
-from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.server import create_app, running
 from lmforge.infer.text import prompt_ids
 from lmforge.model import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokenizer.chat_template import ChatTemplate, Message
 
 MODEL = "tiny"
 CONTEXT = 128

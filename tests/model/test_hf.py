@@ -13,11 +13,11 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import lmforge
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.infer.chat_template import ChatTemplate, Message
 from lmforge.infer.generate import generate
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import export_hf, hf_config, import_hf, to_hf_state_dict
 from lmforge.tokenizer import train_bpe
+from lmforge.tokenizer.chat_template import ChatTemplate, Message
 from lmforge.tokenizer.hf_json import to_json
 from lmforge.tokens.encode import document_ids
 from lmforge.train.checkpoint import save_checkpoint

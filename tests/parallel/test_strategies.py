@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
-from lmforge.parallel.checkpoint import export_safetensors
 from lmforge.train.checkpoint import load_checkpoint
+from lmforge.train.checkpoint_dcp import export_safetensors
 from lmforge.train.checkpoint_dir import list_checkpoints
 from lmforge.train.metrics import read_metrics
 

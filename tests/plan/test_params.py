@@ -8,7 +8,8 @@ import torch
 from lmforge.config import PRESETS
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.params import param_counts
-from lmforge.plan.shapes import from_model_config, resolve, shape_names
+from lmforge.plan.shapes import from_model_config
+from lmforge.plan_sources import resolve, shape_names
 
 PUBLISHED = {
     "gpt2-124m": 124_439_808,

@@ -1,4 +1,5 @@
-"""Validation loss and bits per byte, and the unigram baseline they are judged against.
+"""Validation loss and bits per byte (what training validates with and eval reports), and the
+unigram baseline they are judged against.
 
 Bits per byte divides the summed cross-entropy (in bits) by the UTF-8 bytes of the predicted
 tokens, so models with different tokenizers can be compared. Special tokens stand for no text:

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
-from lmforge.tokenizer import Tokenizer
-from lmforge.tokenizer.tokenizer import EOT
+from lmforge.tokenizer.tokenizer import EOT, Tokenizer
 
 ROLES = ("system", "user", "assistant")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"

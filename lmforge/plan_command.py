@@ -1,4 +1,8 @@
-"""The `lmforge plan` command: flags in, a printed (or JSON) plan out."""
+"""The `lmforge plan` command: flags in, a printed (or JSON) plan out.
+
+It sits above config.py (presets, TOML run configs) and device/ (`cpu-local`), which the
+planner in plan/ never imports: lmforge.plan_sources hands their answers to it as plain data.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from lmforge.plan.options import parse_count, parse_interconnect, parse_layout
 from lmforge.plan.params import param_counts
 from lmforge.plan.planner import PlanRequest, build
 from lmforge.plan.precision import precision_bytes
-from lmforge.plan.shapes import resolve
+from lmforge.plan_sources import default_precision, device, resolve
 
 AC_MODES = ("none", "full", "selective")
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -60,10 +64,10 @@ def plan_request(
         )
     precision_rule = ""
     if precision is None:
-        precision, precision_rule = _default_precision(hardware_name)
+        precision, precision_rule = default_precision(hardware_name)
     return PlanRequest(
         shape=shape,
-        device=hardware.device(hardware_name),
+        device=device(hardware_name),
         gpus=gpus,
         gpus_per_node=min(gpus_per_node, gpus),
         intra=hardware.link(intra),
@@ -79,16 +83,6 @@ def plan_request(
         mfu=mfu,
         micro_batch=micro_batch,
     )
-
-
-def _default_precision(hardware_name: str) -> tuple[str, str]:
-    if hardware_name != "cpu-local":
-        return "bf16", ""
-    from lmforge.device.capability import cpu_capability
-
-    if cpu_capability().fast_bf16():
-        return "bf16", "auto: bf16 measured faster than fp32 on this CPU"
-    return "fp32", "auto: bf16 is not faster than fp32 on this CPU"
 
 
 def run_plan(explain: bool = False, as_json: bool = False, inference: bool = False, **flags) -> str:

@@ -32,8 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.parallel.data_parallel import Zero1
-from lmforge.train.checkpoint import check_model_shape
-from lmforge.train.checkpoint_dir import is_distributed, read_model_config
+from lmforge.train.checkpoint_dir import check_model_shape, is_distributed, read_model_config
 from lmforge.weights_file import save_module
 
 DCP_DIR = "dcp"

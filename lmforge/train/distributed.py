@@ -1,0 +1,58 @@
+"""What training asks of parallel/: its config checked against a layout, and the optimizer
+over (possibly sharded) parameters.
+
+parallel/ applies a layout to a model and knows nothing of the trainer; the trainer's own
+rules for a layout (which precisions it supports, how its batch splits) live here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from lmforge.errors import LmforgeError
+from lmforge.parallel.comm_count import count_collectives
+from lmforge.parallel.layout import ParallelOptions, check_batch, check_model
+from lmforge.train.optim import adamw_choice, param_groups
+
+if TYPE_CHECKING:
+    from lmforge.model import ModelConfig, Transformer
+    from lmforge.parallel.world import World
+    from lmforge.train.config import TrainConfig
+
+__all__ = ["build_parallel_optimizer", "check_parallel", "count_collectives"]
+
+SUPPORTED_PRECISIONS = ("fp32", "bf16")
+
+
+def check_parallel(world: World, cfg: TrainConfig, model: ModelConfig) -> None:
+    """Refuse, before any collective, what this layout cannot train."""
+    if cfg.precision not in SUPPORTED_PRECISIONS or cfg.cast_module or cfg.offload_optimizer:
+        raise LmforgeError(
+            f"--parallel {world.layout} supports train.precision fp32 or bf16 (autocast) without "
+            "cast_module or offload_optimizer: change those settings or train in one process"
+        )
+    check_model(world.layout, model.n_heads, model.kv_heads, model.ffn_dim, model.n_experts)
+    check_batch(world.layout, cfg.batch_size, cfg.seq_len, cfg.sequence_parallel)
+
+
+def build_parallel_optimizer(
+    model: Transformer,
+    world: World,
+    options: ParallelOptions,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    fused: bool,
+) -> torch.optim.Optimizer:
+    """The AdamW one process would use (PyTorch's fused kernel when `fused` and the device has
+    it, else lmforge's; both step DTensor shards and skip a bad step on the device), over the
+    (possibly sharded) parameters; sharded itself by ZeRO-1 when asked."""
+    from lmforge.parallel.data_parallel import build_zero1
+
+    cls, extra = adamw_choice(world.device, fused)
+    groups = param_groups(model, weight_decay)
+    if options.zero1 and world.layout.dp > 1:
+        return build_zero1(groups, world.mesh["dp"], cls, lr=lr, betas=betas, **extra)
+    return cls(groups, lr=lr, betas=betas, **extra)
