@@ -33,7 +33,9 @@ $(VENV)/.chromium: | $(BIN)/python
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; }
 	touch $@
 
+# lint-imports checks the layer contracts in pyproject.toml ([tool.importlinter]) first.
 test: $(VENV)/.installed-dev $(VENV)/.chromium
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-bench
