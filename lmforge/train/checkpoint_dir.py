@@ -127,3 +127,9 @@ def check_model_shape(checkpoint: str | Path, config: ModelConfig) -> None:
             f"({', '.join(f'{k}: saved {a} vs now {b}' for k, (a, b) in diff.items())}): "
             "use the same preset/config as the run that wrote it, or start over with --fresh"
         )
+
+
+def check_checkpoint(path: str | Path) -> None:
+    """Refuse a wrong checkpoint path (missing, a Hugging Face folder, no lmforge config) in one
+    line before torch is imported."""
+    read_model_config(resolve_checkpoint(path))

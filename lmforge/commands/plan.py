@@ -6,6 +6,8 @@ planner in plan/ never imports: lmforge.plan_sources hands their answers to it a
 
 from __future__ import annotations
 
+import argparse
+
 from lmforge.errors import LmforgeError
 from lmforge.plan import hardware
 from lmforge.plan.explain import render_json, render_text
@@ -17,6 +19,46 @@ from lmforge.plan_sources import default_precision, device, resolve
 
 AC_MODES = ("none", "full", "selective")
 CHINCHILLA_TOKENS_PER_PARAM = 20
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "plan",
+        help="predict memory, FLOPs, communication, step time and inference speed of a run",
+        description="Size a run on paper: parameters, FLOPs, memory per device, communication "
+        "per step, step time and MFU, and inference speed, for a model on a hardware and "
+        "parallel layout. --explain shows the formula behind every line.",
+    )
+    p.add_argument("--model", required=True, help="preset name or TOML run config")
+    p.add_argument(
+        "--hardware", default="h100-sxm", help="device of the hardware table or cpu-local"
+    )
+    p.add_argument("--gpus", type=int, default=1, help="devices in all")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--interconnect", default="nvlink4,ib-ndr", help="INTRA,INTER link names")
+    p.add_argument("--parallel", help="e.g. fsdp=8,tp=8 (also dp=, zero=0..3, sp=1); default FSDP")
+    p.add_argument(
+        "--precision",
+        help="fp32, bf16, fp16 or fp8 (default: bf16; on cpu-local, what precision=auto picks)",
+    )
+    p.add_argument("--seq-len", type=int, help="training sequence and inference context length")
+    p.add_argument("--global-batch-tokens", default="4M", help="tokens per step (K/M/B suffixes)")
+    p.add_argument("--tokens", help="tokens of the run (default: 20 per active parameter)")
+    p.add_argument("--activation-checkpointing", default="none", help="none, full or selective")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per pass")
+    p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU of the compute (0.4)")
+    p.add_argument("--explain", action="store_true", help="show the formula behind each line")
+    p.add_argument("--inference", action="store_true", help="serving only: no training sections")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    flags = vars(args).copy()
+    for key in ("func", "command", "json", "hardware"):
+        flags.pop(key)
+    print(run_plan(as_json=args.json, hardware_name=args.hardware, **flags), end="")
+    return 0
 
 
 def plan_request(

@@ -1,0 +1,112 @@
+"""The `speedrun` and `train` commands: a RunConfig from the shared run flags, then a run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from lmforge.run_flags import (
+    TRAIN_KEYS,
+    add_config_options,
+    add_run_options,
+    add_speed_options,
+    run_config,
+    with_data,
+)
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "speedrun",
+        help="raw text to a trained, evaluated model and report.md, end to end",
+        description="Documents → dedup → tokenizer → shards → pretraining → eval → samples → "
+        "report, into one run folder; stages already done there are reused.",
+        epilog=TRAIN_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_options(p)
+    p.add_argument("--minutes", type=float, help="training time budget (default: the preset's)")
+    p.add_argument(
+        "--data",
+        help=".txt file, folder of .txt/.jsonl, or JSONL with 'text' "
+        "(default: the Python standard library's source)",
+    )
+    add_speed_options(p)
+    add_run_options(p)
+    p.set_defaults(func=cmd_speedrun)
+
+    p = commands.add_parser(
+        "train",
+        help="pretrain a model",
+        epilog=TRAIN_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_options(p)
+    p.add_argument(
+        "--data",
+        help="token shard folder, or raw data as for speedrun "
+        "(default: the built-in corpus, prepared once into a cache)",
+    )
+    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides the time budget)")
+    p.add_argument("--minutes", type=float, help="training time budget")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--device", help="cpu, cuda, mps or auto")
+    p.add_argument(
+        "--parallel",
+        metavar="LAYOUT",
+        help="under torchrun: data/tensor parallel degrees, e.g. dp=8, fsdp=4, fsdp=2,tp=2 "
+        "(the world size left over goes to dp; default: plain DDP over all processes)",
+    )
+    add_speed_options(p)
+    add_run_options(p)
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_speedrun(args: argparse.Namespace) -> int:
+    cfg = run_config(args)
+
+    from lmforge.speedrun import speedrun
+    from lmforge.train.signals import RunStopped
+
+    if args.data:
+        cfg = with_data(cfg, args.data)
+    try:
+        report = speedrun(
+            cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh, threads=args.threads
+        )
+    except RunStopped as e:  # training checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
+        print(e.message, file=sys.stderr)
+        return e.exit_status
+    print(f"done: {report}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = run_config(args)  # a bad config is reported before torch is imported
+
+    from lmforge.speedrun import pretrain
+
+    shard_dir = None
+    if args.data and (Path(args.data) / "meta.json").exists():
+        shard_dir = args.data
+    elif args.data:
+        cfg = with_data(cfg, args.data)
+    out = args.out or Path("runs") / cfg.name
+    result, _ = pretrain(cfg, out, args.fresh, shard_dir, threads=args.threads)
+    rank_zero = int(os.environ.get("RANK", "0")) == 0
+    if result.interrupted:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143, so `&&` stops
+        from lmforge.train.signals import exit_status, stopped_message
+
+        if rank_zero:
+            message = stopped_message(result.stop_signal, result.step, result.checkpoint)
+            print(message, file=sys.stderr)
+        return exit_status(result.stop_signal)
+    if rank_zero:  # under torchrun, one summary line, not one per rank
+        print(
+            f"done: step {result.step}, periodic validation ({result.final_eval.tokens:,} "
+            f"tokens): loss {result.final_eval.loss:.4f}, {result.final_eval.bpb:.4f} "
+            f"bits/byte; checkpoint {result.checkpoint}"
+        )
+    return 0

@@ -1,0 +1,109 @@
+"""The flags `train` and `speedrun` share: the config (--preset/--config/--set), precision,
+activation checkpointing, compile and threads, the run folder (--out/--fresh), the epilog of
+training keys without a flag, and how the parsed flags become one RunConfig.
+
+Torch-free: a bad config is reported before torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from lmforge.config import PRESETS, RunConfig, load_config
+
+TRAIN_KEYS = """\
+training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML file):
+  cast_module=true          bf16/fp16: cast the model itself, step fp32 master copies
+  offload_optimizer=true    keep optimizer state and fp32 master weights on the CPU
+  fused_adamw=false         lmforge's AdamW instead of PyTorch's fused kernel
+  max_bad_steps=N           stop after N non-finite steps in a row (default 25)
+  loader=sequential         walk the shards in a seeded order instead of random windows
+  checkpoint_every=N        also checkpoint every N steps (always at the end, on Ctrl-C
+                            and on SIGTERM)
+  ddp_bucket_mb=25          --parallel dp: gradient all-reduce bucket size (MB)
+  zero1=true                --parallel dp: shard the optimizer state over the ranks (ZeRO-1)
+  reshard_after_forward=false  --parallel fsdp: keep gathered weights until backward (ZeRO-2)
+  sequence_parallel=false   --parallel tp: all-reduce instead of sequence-sharded norms
+  collective_timeout_s=N    fail when a collective waits N s (a rank died or hung; default 600)
+"""
+
+# Flags that set one train.* key each: (flag attribute, TrainConfig field).
+_TRAIN_FLAGS = (
+    ("max_steps", "max_steps"),
+    ("seed", "seed"),
+    ("device", "device"),
+    ("parallel", "parallel"),
+    ("precision", "precision"),
+    ("activation_checkpointing", "activation_checkpointing"),
+)
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    """--preset, --config and --set."""
+    p.add_argument(
+        "--preset",
+        choices=None,
+        metavar="NAME",
+        help=f"starting config: {', '.join(PRESETS)} (default: small)",
+    )
+    p.add_argument("--config", metavar="FILE.toml", help="TOML file applied over the preset")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. train.lr=1e-3 (repeatable)",
+    )
+
+
+def add_speed_options(p: argparse.ArgumentParser) -> None:
+    """Flags for train.precision, train.activation_checkpointing and train.compile, and the
+    CPU threads."""
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "fp8", "auto"],
+        help="compute precision; weights and optimizer stay fp32. bf16: autocast; fp16: "
+        "autocast + dynamic loss scaling; fp8: E4M3/E5M2 matmuls in the blocks (real on CUDA "
+        "≥ 8.9, simulated elsewhere); auto: bf16 where it is fast (default: the preset's). "
+        "train.cast_module=true casts the model itself (fp32 master weights) instead of autocast",
+    )
+    p.add_argument(
+        "--activation-checkpointing",
+        choices=["none", "full", "selective"],
+        help="recompute activations in backward per block: full keeps only block inputs, "
+        "selective keeps matmul and attention outputs (default: none)",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads torch computes with (default: LMFORGE_THREADS, else the fastest of "
+        "all cores, half of them, ... timed on the first training steps)",
+    )
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """--out and --fresh."""
+    p.add_argument("--out", metavar="RUN_DIR", help="run folder (default: runs/NAME)")
+    p.add_argument("--fresh", action="store_true", help="delete the run folder and start over")
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run's config: preset, TOML file and --set overrides, then the flags given."""
+    cfg = load_config(args.preset, args.config, args.set)
+    train = cfg.train
+    if getattr(args, "minutes", None) is not None:
+        train = dataclasses.replace(train, minutes=args.minutes, max_steps=0)
+    for flag, key in _TRAIN_FLAGS:
+        if getattr(args, flag, None) is not None:
+            train = dataclasses.replace(train, **{key: getattr(args, flag)})
+    if getattr(args, "compile", False):
+        train = dataclasses.replace(train, compile=True)
+    return dataclasses.replace(cfg, train=train)
+
+
+def with_data(cfg: RunConfig, path: str) -> RunConfig:
+    """`cfg` reading its raw documents from `path`."""
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path))
