@@ -16,13 +16,10 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.model.transformer import Transformer
-from lmforge.parallel.comm_count import count_collectives
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp, gradient_sync
 from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel
 from lmforge.parallel.world import World
-
-__all__ = ["count_collectives"]  # re-exported for the loop, which imports this module lazily
 
 
 def parallelize(
