@@ -8,16 +8,18 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Stamps re-run the install only when the package metadata changes.
+# Stamps re-run the install only when the package metadata changes. --no-compile: byte-compiling
+# every installed file (ray and transformers are large) took half the install; modules compile
+# when first imported instead.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet --no-compile -e .
 	touch $@
 
 # openai-whisper is installed without its dependencies only for the file it ships with GPT-2's
 # BPE ranks (whisper/assets/gpt2.tiktoken): the tokenizer's compatibility tests need them offline.
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m pip install --quiet --no-deps openai-whisper==20250625
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps openai-whisper==20250625
 	touch $@ $(VENV)/.installed
 
 $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-dev
