@@ -11,10 +11,11 @@ import argparse
 import sys
 
 from lmforge import __version__
-from lmforge.commands import doctor, hf, infer, plan, prepare, run
+from lmforge.commands import doctor, hf, plan, prepare, run
 from lmforge.data import command as data
 from lmforge.errors import LmforgeError
 from lmforge.eval import command as evaluation
+from lmforge.infer import command as infer
 from lmforge.parallel import command as parallel
 
 # In the order `lmforge --help` lists them.

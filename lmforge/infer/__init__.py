@@ -1,11 +1,9 @@
 """Inference: KV caches, sampling, the batching engine, beam search and text completion.
 
-Names import their module (and torch) on first use, except `generate` and `stream`: a lazy
-name equal to its submodule's (`lmforge.infer.generate`) would be shadowed by that module
-once anything imports it.
+Names import their module (and torch) on first use, so `infer/command.py` adds its commands
+without torch.
 """
 
-from lmforge.infer.generate import generate, stream
 from lmforge.lazy import lazy_exports
 
 _EXPORTS = {
@@ -18,10 +16,12 @@ _EXPORTS = {
     "TokenEvent": "lmforge.infer.engine",
     "KVCache": "lmforge.infer.kv_cache",
     "sample_next_token": "lmforge.infer.sampling",
+    "generate": "lmforge.infer.single_prompt",
+    "stream": "lmforge.infer.single_prompt",
     "complete": "lmforge.infer.text",
     "prompt_ids": "lmforge.infer.text",
     "stream_text": "lmforge.infer.text",
 }
 
-__all__ = ["generate", "stream", *_EXPORTS]
+__all__ = list(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from lmforge.infer.generate import stream
+from lmforge.infer.single_prompt import stream
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens.encode import document_ids
 

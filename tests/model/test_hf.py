@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import lmforge
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.infer.generate import generate
+from lmforge.infer.single_prompt import generate
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import export_hf, hf_config, import_hf, to_hf_state_dict
 from lmforge.tokenizer import train_bpe

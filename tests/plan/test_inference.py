@@ -19,8 +19,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lmforge.device.bandwidth import measure_read_bandwidth
-from lmforge.infer.generate import stream
 from lmforge.infer.kv_cache import KVCache
+from lmforge.infer.single_prompt import stream
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.inference import decode_step, kv_bytes_per_token, max_batch, ridge_batch
 from lmforge.plan.shapes import from_model_config
