@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmforge.data import (
+    DOC_SEPARATOR,
     Document,
     is_validation,
     read_documents,
@@ -42,6 +43,9 @@ class DataConfig:
     # The quality rules: auto picks code or prose rules per document, code/prose apply one set
     # to every document, off skips them (lmforge.data.pipeline.corpus).
     quality_profile: str = "auto"
+    # A .txt line that is exactly this separates documents ("": none); it becomes the
+    # tokenizer's end-of-text token, never literal text (lmforge.data.documents.split_text).
+    doc_separator: str = DOC_SEPARATOR
 
     def __post_init__(self) -> None:  # checked when the config is built, before any work
         if self.quality_profile not in QUALITY_PROFILES:
@@ -99,7 +103,9 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
         return json.loads(stats_path.read_text())
     from lmforge.data.pipeline.corpus import clean_corpus, drop_shards
 
-    cleaned, summary = clean_corpus(data.path, data.workers, out / "pipeline", data.quality_profile)
+    cleaned, summary = clean_corpus(
+        data.path, data.workers, out / "pipeline", data.quality_profile, data.doc_separator
+    )
     docs = bar(cleaned, desc="split", unit="doc")
     val: list[Document] = []
     first_train: list[Document] = []  # the lowest-scoring train doc, in case val ends up empty
@@ -201,12 +207,13 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_inputs(paths: list[str]) -> Iterator[Document]:
-    """Documents from every path in turn (the built-in corpus when `paths` is empty)."""
+def read_inputs(paths: list[str], separator: str = DOC_SEPARATOR) -> Iterator[Document]:
+    """Documents from every path in turn (the built-in corpus when `paths` is empty); a .txt is
+    split at `separator` lines."""
     if not paths:
         yield from stdlib_documents()
     for path in paths:
-        yield from read_documents(path)
+        yield from read_documents(path, separator=separator)
 
 
 def train_tokenizer(
@@ -215,15 +222,24 @@ def train_tokenizer(
     out: str | Path,
     workers: int | None = None,
     invalid_utf8: str = "replace",
+    doc_separator: str = DOC_SEPARATOR,
 ) -> Tokenizer:
     """`lmforge tokenizer train`: a BPE tokenizer trained on the files at `paths`, streamed from
-    disk by `workers` processes (default: all cores), or on the built-in corpus without paths."""
+    disk by `workers` processes (default: all cores), or on the built-in corpus without paths.
+
+    A `doc_separator` that is a special token is never merged into, so the files stream as they
+    are; any other separator is dropped by reading the files as documents (`read_inputs`)."""
     if tok.pattern not in PATTERNS:
         raise LmforgeError(
             f"unknown tokenizer pattern {tok.pattern!r}: use one of {sorted(PATTERNS)}"
         )
     pattern = PATTERNS[tok.pattern]
-    if paths:
+    if paths and doc_separator and doc_separator not in tok.special_tokens:
+        texts = (doc.text for doc in read_inputs(paths, doc_separator))
+        if tok.train_bytes:
+            texts = _first_bytes(texts, tok.train_bytes)
+        tokenizer = train_bpe(texts, tok.vocab_size, tok.special_tokens, pattern, workers=workers)
+    elif paths:
         tokenizer = train_bpe_files(
             paths,
             tok.vocab_size,
@@ -254,7 +270,7 @@ def tokenize_inputs(
     tokenizer = Tokenizer.load(tokenizer_dir)
     n_train = n_val = 0
     lowest: tuple[float, str] | None = None  # (split score, id) of the lowest train document
-    for doc in read_inputs(paths):
+    for doc in read_inputs(paths, data.doc_separator):
         if is_validation(doc.id, data.val_fraction):
             n_val += 1
             continue
@@ -276,7 +292,7 @@ def tokenize_inputs(
 
     def train_texts() -> Iterator[str]:
         pending = moved
-        for doc in read_inputs(paths):
+        for doc in read_inputs(paths, data.doc_separator):
             if is_validation(doc.id, data.val_fraction):
                 val_texts.append(doc.text)
             elif doc.id == pending:

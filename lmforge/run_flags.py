@@ -84,6 +84,16 @@ def add_speed_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_doc_separator_option(p: argparse.ArgumentParser) -> None:
+    """--doc-separator: the .txt line that separates documents (data.doc_separator)."""
+    p.add_argument(
+        "--doc-separator",
+        metavar="TEXT",
+        help="a .txt line that is exactly TEXT ends one document and starts the next; it "
+        "becomes the end-of-text token ('' : no separator; default <|endoftext|>)",
+    )
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """--out and --fresh."""
     p.add_argument("--out", metavar="RUN_DIR", help="run folder (default: runs/NAME)")
@@ -101,7 +111,10 @@ def run_config(args: argparse.Namespace) -> RunConfig:
             train = dataclasses.replace(train, **{key: getattr(args, flag)})
     if getattr(args, "compile", False):
         train = dataclasses.replace(train, compile=True)
-    return dataclasses.replace(cfg, train=train)
+    data = cfg.data
+    if getattr(args, "doc_separator", None) is not None:
+        data = dataclasses.replace(data, doc_separator=args.doc_separator)
+    return dataclasses.replace(cfg, train=train, data=data)
 
 
 def with_data(cfg: RunConfig, path: str) -> RunConfig:

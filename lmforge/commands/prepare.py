@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from lmforge.run_flags import add_doc_separator_option
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     tokenizer = commands.add_parser("tokenizer", help="tokenizer commands")
@@ -43,6 +45,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         choices=["replace", "skip"],
         help="bytes that are not UTF-8: replace by U+FFFD or skip (counted either way)",
     )
+    add_doc_separator_option(p)
     p.set_defaults(func=cmd_tokenizer_train)
 
     p = tok_commands.add_parser(
@@ -72,16 +75,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--val-fraction", type=float, default=0.01, help="documents held out (by id hash)"
     )
     p.add_argument("--workers", type=int, default=0, help="encoding processes (0: all cores)")
+    add_doc_separator_option(p)
     p.set_defaults(func=cmd_tokenize)
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from lmforge.prepare import TokenizerConfig, train_tokenizer
+    from lmforge.prepare import DOC_SEPARATOR, TokenizerConfig, train_tokenizer
 
     specials = args.special_token or ["<|endoftext|>"]
     tok = TokenizerConfig(vocab_size=args.vocab_size, pattern=args.pattern, special_tokens=specials)
+    separator = DOC_SEPARATOR if args.doc_separator is None else args.doc_separator
     tokenizer = train_tokenizer(
-        args.input, tok, args.out, workers=args.workers, invalid_utf8=args.invalid_utf8
+        args.input,
+        tok,
+        args.out,
+        workers=args.workers,
+        invalid_utf8=args.invalid_utf8,
+        doc_separator=separator,
     )
     print(f"tokenizer: vocab {tokenizer.vocab_size} written to {args.out}")
     return 0
@@ -101,6 +111,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from lmforge.prepare import DataConfig, tokenize_inputs
 
     data = DataConfig(val_fraction=args.val_fraction, workers=args.workers)
+    if args.doc_separator is not None:
+        data.doc_separator = args.doc_separator
     meta = tokenize_inputs(args.tokenizer, args.input, args.out, data)
     counts = ", ".join(f"{name} {s['tokens']:,} tokens" for name, s in meta.shards.items())
     print(f"shards: {counts} in {args.out}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from lmforge.run_flags import (
     TRAIN_KEYS,
     add_config_options,
+    add_doc_separator_option,
     add_run_options,
     add_speed_options,
     run_config,
@@ -33,6 +34,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help=".txt file, folder of .txt/.jsonl, or JSONL with 'text' "
         "(default: the Python standard library's source)",
     )
+    add_doc_separator_option(p)
     add_speed_options(p)
     add_run_options(p)
     p.set_defaults(func=cmd_speedrun)
@@ -49,6 +51,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="token shard folder, or raw data as for speedrun "
         "(default: the built-in corpus, prepared once into a cache)",
     )
+    add_doc_separator_option(p)
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides the time budget)")
     p.add_argument("--minutes", type=float, help="training time budget")
     p.add_argument("--seed", type=int, help="random seed")

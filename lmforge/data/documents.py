@@ -21,6 +21,11 @@ TXT_CHUNK_BYTES = 32 * 1024
 """A .txt file is cut into documents of about this size at line boundaries, so one big
 file (a book, a dump) still yields many documents for deduplication and the validation split."""
 
+DOC_SEPARATOR = "<|endoftext|>"
+"""A .txt line that is exactly this (surrounding whitespace aside) ends one document and starts
+the next, as in TinyStories and OpenWebText dumps; the line itself is dropped, so the tokenizer's
+end-of-text token, not the literal characters, separates the documents."""
+
 
 @dataclass
 class Document:
@@ -65,8 +70,39 @@ def source_name(root: Path, file: Path) -> str:
     return f"{root.resolve().name}/{file.relative_to(root).as_posix()}"
 
 
-def read_documents(path: str | Path, stats: ReadStats | None = None) -> Iterator[Document]:
-    """Documents from a .txt, JSONL (`text` field) or WebDataset .tar file, or a folder of them."""
+def split_text(
+    text: str, separator: str = DOC_SEPARATOR, chunk_bytes: int = TXT_CHUNK_BYTES
+) -> Iterator[str]:
+    """The documents of a .txt file's `text`: split at lines that are exactly `separator` ("":
+    never), each then cut at the first line boundary past `chunk_bytes` (0: never cut).
+
+    Pieces holding only whitespace are dropped. Without a separator line the pieces are those
+    of the chunking alone, so document ids `file#N` stay what they were.
+    """
+    lines = text.splitlines(keepends=True)
+    chunk: list[str] = []
+    size = 0
+    check = bool(separator) and separator in text
+    for line in lines:
+        if check and line.strip() == separator:
+            if "".join(chunk).strip():
+                yield "".join(chunk)
+            chunk, size = [], 0
+            continue
+        chunk.append(line)
+        size += len(line)
+        if chunk_bytes and size >= chunk_bytes:
+            yield "".join(chunk)
+            chunk, size = [], 0
+    if chunk and (not check or "".join(chunk).strip()):
+        yield "".join(chunk)
+
+
+def read_documents(
+    path: str | Path, stats: ReadStats | None = None, separator: str = DOC_SEPARATOR
+) -> Iterator[Document]:
+    """Documents from a .txt, JSONL (`text` field) or WebDataset .tar file, or a folder of them;
+    a .txt is split at `separator` lines (`split_text`)."""
     root = Path(path)
     if not root.exists():
         raise LmforgeError(f"data path {root} does not exist: pass an existing file or folder")
@@ -82,7 +118,7 @@ def read_documents(path: str | Path, stats: ReadStats | None = None) -> Iterator
         elif file.suffix == ".jsonl":
             yield from _jsonl_documents(file, source_name(root, file), stats)
         else:
-            yield from _txt_documents(file, source_name(root, file), stats)
+            yield from _txt_documents(file, source_name(root, file), stats, separator)
 
 
 def _data_files(folder: Path) -> Iterable[Path]:
@@ -113,21 +149,14 @@ def _counted(doc: Document, stats: ReadStats | None) -> Document:
     return doc
 
 
-def _txt_documents(path: Path, name: str, stats: ReadStats | None) -> Iterator[Document]:
+def _txt_documents(
+    path: Path, name: str, stats: ReadStats | None, separator: str
+) -> Iterator[Document]:
     text = _read_utf8(path, stats)
     if not text:
         return
-    chunk: list[str] = []
-    size = 0
-    index = 0
-    for line in text.splitlines(keepends=True):
-        chunk.append(line)
-        size += len(line)
-        if size >= TXT_CHUNK_BYTES:
-            yield _counted(Document(f"{name}#{index}", "".join(chunk)), stats)
-            chunk, size, index = [], 0, index + 1
-    if chunk:
-        yield _counted(Document(f"{name}#{index}", "".join(chunk)), stats)
+    for index, piece in enumerate(split_text(text, separator)):
+        yield _counted(Document(f"{name}#{index}", piece), stats)
 
 
 def _jsonl_documents(path: Path, name: str, stats: ReadStats | None) -> Iterator[Document]:

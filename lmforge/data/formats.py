@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmforge.data.documents import Document, stdlib_root
+from lmforge.data.documents import Document, split_text, stdlib_root
 from lmforge.data.stats import StepStats
 from lmforge.data.streams import TruncatedFile, read_all, read_chunks, read_lines, strip_compression
 from lmforge.extras import import_extra
@@ -54,19 +54,15 @@ def _text(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:
     text = _decode(_whole(unit, stats), unit, stats)
     if not text:
         return
+    pieces = split_text(text, cfg.doc_separator, cfg.txt_chunk_bytes)
     if not cfg.txt_chunk_bytes:
-        yield Document(unit.doc_id, text, {"format": "text"})
-        return
-    chunk: list[str] = []
-    size = index = 0
-    for line in text.splitlines(keepends=True):
-        chunk.append(line)
-        size += len(line)
-        if size >= cfg.txt_chunk_bytes:
-            yield Document(f"{unit.doc_id}#{index}", "".join(chunk))
-            chunk, size, index = [], 0, index + 1
-    if chunk:
-        yield Document(f"{unit.doc_id}#{index}", "".join(chunk))
+        whole = list(pieces)
+        if len(whole) == 1:  # no separator line: the file is one document, named as the file
+            yield Document(unit.doc_id, whole[0], {"format": "text"})
+            return
+        pieces = iter(whole)
+    for index, piece in enumerate(pieces):
+        yield Document(f"{unit.doc_id}#{index}", piece)
 
 
 def _code(unit: Unit, cfg: ReadConfig, stats: StepStats) -> Iterator[Document]:

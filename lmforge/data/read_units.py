@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmforge.data.documents import TXT_CHUNK_BYTES
+from lmforge.data.documents import DOC_SEPARATOR, TXT_CHUNK_BYTES
 
 
 @dataclass
@@ -15,6 +15,7 @@ class ReadConfig:
     shard_bytes: int = 16_000_000  # input files are grouped into shards of about this size
     max_doc_bytes: int = 10_000_000  # larger documents are skipped as `too_large`
     txt_chunk_bytes: int = TXT_CHUNK_BYTES  # 0: one document per .txt file
+    doc_separator: str = DOC_SEPARATOR  # a .txt line that is exactly this splits documents
     text_key: str = "text"  # JSONL/Parquet/HF field holding the text
     id_key: str = "id"
     hf_split: str = "train"

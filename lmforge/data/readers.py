@@ -2,8 +2,9 @@
 
 Inputs are files, folders (walked for known formats), `stdlib` (the interpreter's standard
 library source) or `hf:NAME` (a Hugging Face dataset, streamed; needs `datasets` and a network).
-Formats are known by name: .txt/.md (cut into ~32 KB documents like `read_documents`), source
-code (one document per file), JSONL (.gz/.zst too), Parquet, WARC/WET, HTML, WebDataset tar.
+Formats are known by name: .txt/.md (split at `<|endoftext|>` lines, `read.doc_separator`,
+and cut into ~32 KB documents, like `read_documents`), source code (one document per file),
+JSONL (.gz/.zst too), Parquet, WARC/WET, HTML, WebDataset tar.
 Anything damaged — a truncated or corrupt stream, a bad line, binary or non-UTF-8 bytes, an
 empty or oversized document — becomes a reason in the `read` step's stats, never an exception,
 and the documents read before the damage are kept.

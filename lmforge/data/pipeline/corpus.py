@@ -9,12 +9,13 @@ ones; `code` or `prose` applies one set to every document; `off` skips the step.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from lmforge.data.documents import Document
+from lmforge.data.documents import DOC_SEPARATOR, Document
 from lmforge.data.pipeline.config import load_pipeline_config
 from lmforge.data.pipeline.run import run_pipeline
 from lmforge.data.pipeline.writers import read_output
@@ -23,7 +24,11 @@ SPEEDRUN_STEPS = ["quality", "pii", "exact_dedup", "minhash_dedup"]
 
 
 def clean_corpus(
-    path: str, workers: int, work: Path, quality_profile: str = "auto"
+    path: str,
+    workers: int,
+    work: Path,
+    quality_profile: str = "auto",
+    doc_separator: str = DOC_SEPARATOR,
 ) -> tuple[Iterator[Document], dict]:
     """Run the speedrun's steps over `path` (empty: the stdlib) into `work`.
 
@@ -39,7 +44,9 @@ def clean_corpus(
     if quality_profile != "off":
         settings.append(f"quality.profile={quality_profile}")
     flags = {"input": [path or "stdlib"], "output": str(work), "steps": steps, "workers": workers}
-    stats = run_pipeline(load_pipeline_config(None, flags, settings))
+    cfg = load_pipeline_config(None, flags, settings)
+    cfg.read = dataclasses.replace(cfg.read, doc_separator=doc_separator)
+    stats = run_pipeline(cfg)
     step = {s["name"]: s for s in stats["steps"]}
     read = step["read"]
     reasons = [r for r in ("not_utf8", "binary_file") if r in read["removed"]]
