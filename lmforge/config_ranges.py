@@ -66,6 +66,8 @@ RANGES: dict[str, Range] = {
     "train.weight_decay": NON_NEGATIVE,
     "train.beta1": FRACTION,
     "train.beta2": FRACTION,
+    "train.muon_lr": POSITIVE,
+    "train.muon_momentum": FRACTION,
     "train.grad_clip": NON_NEGATIVE,  # 0: no clipping
     "train.eval_every": NON_NEGATIVE,  # 0: no periodic evaluation
     "train.eval_batches": AT_LEAST_1,

@@ -10,6 +10,7 @@ from lmforge.parallel.layout import parse_layout
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CHECKPOINTING_MODES = ("none", "full", "selective")
 LOADERS = ("random", "sequential")
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
@@ -37,6 +38,9 @@ class TrainConfig:
     activation_checkpointing: str = "none"  # none | full | selective
     compile: bool = False
     fused_adamw: bool = True  # PyTorch's fused AdamW kernel where the device has one
+    optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
+    muon_lr: float = 0.02  # optimizer=muon: the matrices' peak learning rate (lr: the rest's)
+    muon_momentum: float = 0.95  # optimizer=muon: the matrices' (Nesterov) momentum
     offload_optimizer: bool = False  # optimizer state and master weights on the CPU
     max_bad_steps: int = 25  # stop after this many non-finite steps in a row
     loader: str = "random"  # random | sequential
@@ -70,6 +74,7 @@ class TrainConfig:
             ("precision", (*PRECISIONS, "auto")),
             ("activation_checkpointing", CHECKPOINTING_MODES),
             ("loader", LOADERS),
+            ("optimizer", OPTIMIZERS),
         ):
             if getattr(self, name) not in choices:
                 raise LmforgeError(

@@ -14,7 +14,7 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.parallel.comm_count import count_collectives
 from lmforge.parallel.layout import ParallelOptions, check_batch, check_model
-from lmforge.train.optim import adamw_choice, param_groups
+from lmforge.train.optim import optimizer_choice
 
 if TYPE_CHECKING:
     from lmforge.model import ModelConfig, Transformer
@@ -45,14 +45,18 @@ def build_parallel_optimizer(
     betas: tuple[float, float],
     weight_decay: float,
     fused: bool,
+    optimizer: str = "adamw",
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
 ) -> torch.optim.Optimizer:
-    """The AdamW one process would use (PyTorch's fused kernel when `fused` and the device has
-    it, else lmforge's; both step DTensor shards and skip a bad step on the device), over the
+    """The optimizer one process would use (`optim.optimizer_choice`: PyTorch's fused AdamW,
+    lmforge's, or Muon; all step DTensor shards and skip a bad step on the device), over the
     (possibly sharded) parameters; sharded itself by ZeRO-1 when asked."""
     from lmforge.parallel.data_parallel import build_zero1
 
-    cls, extra = adamw_choice(world.device, fused)
-    groups = param_groups(model, weight_decay)
+    cls, groups, extra = optimizer_choice(
+        model, world.device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum
+    )
     if options.zero1 and world.layout.dp > 1:
         return build_zero1(groups, world.mesh["dp"], cls, lr=lr, betas=betas, **extra)
     return cls(groups, lr=lr, betas=betas, **extra)

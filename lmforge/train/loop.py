@@ -156,11 +156,12 @@ def _train(
         model, precision, device, cfg.activation_checkpointing, cfg.compile, world, options
     )
     betas = (cfg.beta1, cfg.beta2)
+    choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum)
     if world is None:
-        optimizer = build_optimizer(model, cfg.lr, betas, cfg.weight_decay, cfg.fused_adamw)
+        optimizer = build_optimizer(model, cfg.lr, betas, cfg.weight_decay, *choice)
     else:
         optimizer = distributed.build_parallel_optimizer(
-            model, world, options, cfg.lr, betas, cfg.weight_decay, cfg.fused_adamw
+            model, world, options, cfg.lr, betas, cfg.weight_decay, *choice
         )
     guard = NonFiniteGuard(master_device, cfg.max_bad_steps)
     data_rank, data_parallel = (world.data_rank, world.layout.data_parallel) if world else (0, 1)

@@ -3,7 +3,8 @@
 Also decides which parameters decay (matrices do; gains, biases and embeddings do not) and
 builds the optimizer a run uses: PyTorch's fused AdamW kernel where the device has one, else
 this one, in one process and on every parallel layout alike (this one steps DTensor shards,
-so FSDP and tensor parallelism use it too).
+so FSDP and tensor parallelism use it too); or, with `train.optimizer = "muon"`, Muon for the
+blocks' matrices and this AdamW for the rest (`train/muon.py`).
 
 Skipping a bad step follows PyTorch's protocol (torch.amp.GradScaler's): an optimizer whose
 `_step_supports_amp_scaling` is true (this one, PyTorch's fused kernels, ZeRO-1 over either)
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
+
+from lmforge.train.config import OPTIMIZERS
 
 
 class AdamW(torch.optim.Optimizer):
@@ -44,35 +47,39 @@ class AdamW(torch.optim.Optimizer):
         found_inf = getattr(self, "found_inf", None)
         grad_scale = getattr(self, "grad_scale", None)
         for group in self.param_groups:
-            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if not state:  # like p: a DTensor for a sharded parameter (for DCP)
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 # Elementwise math on this rank's shard: plain tensors whatever the placement.
-                param, grad = _local(p), _local(p.grad)
-                m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                grad = _local(p.grad)
                 if grad_scale is not None:
                     grad = grad / grad_scale.to(grad.device)
                 # Every change is multiplied by `ok`, so ok = 0 (found_inf) leaves all as it was.
                 if found_inf is None:
-                    ok = torch.ones((), device=param.device)
+                    ok = torch.ones((), device=grad.device)
                 else:
-                    ok = 1.0 - found_inf.to(param.device, torch.float32)
-                grad = torch.where(ok > 0, grad, 0.0)
-                state["step"] += ok
-                t = state["step"].clamp(min=1.0)
-                m.lerp_(grad, (1 - beta1) * ok)
-                v.mul_(1 - (1 - beta2) * ok).add_(grad * grad * (1 - beta2))
-                bias2 = torch.sqrt(1 - beta2**t)
-                step_size = lr * bias2 / (1 - beta1**t) * ok
-                param.mul_(1 - lr * group["weight_decay"] * ok)
-                param.sub_(m / v.sqrt().add_(eps * bias2) * step_size)
+                    ok = 1.0 - found_inf.to(grad.device, torch.float32)
+                self._update(p, torch.where(ok > 0, grad, 0.0), ok, group)
         return loss
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, ok: torch.Tensor, group: dict) -> None:
+        """Step `p` by its (unscaled, finite, local) `grad`; `ok` (0-d, 0 or 1) multiplies
+        every change."""
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        state = self.state[p]
+        if not state:  # like p: a DTensor for a sharded parameter (for DCP)
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        param, m, v = _local(p), _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+        state["step"] += ok
+        t = state["step"].clamp(min=1.0)
+        m.lerp_(grad, (1 - beta1) * ok)
+        v.mul_(1 - (1 - beta2) * ok).add_(grad * grad * (1 - beta2))
+        bias2 = torch.sqrt(1 - beta2**t)
+        step_size = lr * bias2 / (1 - beta1**t) * ok
+        param.mul_(1 - lr * group["weight_decay"] * ok)
+        param.sub_(m / v.sqrt().add_(eps * bias2) * step_size)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -102,17 +109,48 @@ def adamw_choice(device: torch.device, fused: bool = True) -> tuple[type, dict]:
     return AdamW, {}
 
 
+def optimizer_choice(
+    model: nn.Module,
+    device: torch.device,
+    lr: float,
+    weight_decay: float,
+    fused: bool = True,
+    optimizer: str = "adamw",
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
+) -> tuple[type, list[dict], dict]:
+    """The optimizer class for `optimizer` ("adamw": as `adamw_choice` picks it; "muon": Muon
+    for the blocks' matrices, lmforge's AdamW for the rest), its parameter groups over `model`
+    and its extra keyword arguments."""
+    if optimizer == "muon":
+        from lmforge.train.muon import Muon, muon_param_groups
+
+        groups = muon_param_groups(model, weight_decay, lr, muon_lr)
+        return Muon, groups, {"momentum": muon_momentum}
+    if optimizer != "adamw":
+        raise ValueError(f"unknown optimizer {optimizer!r}: choose one of {OPTIMIZERS}")
+    cls, extra = adamw_choice(device, fused)
+    return cls, param_groups(model, weight_decay), extra
+
+
 def build_optimizer(
     model: nn.Module,
     lr: float,
     betas: tuple[float, float],
     weight_decay: float,
     fused: bool = True,
+    optimizer: str = "adamw",
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
 ) -> torch.optim.Optimizer:
-    """AdamW over `model`'s parameters (plain or DTensor shards), as `adamw_choice` picks it."""
+    """The optimizer `optimizer_choice` picks over `model`'s parameters (plain or DTensor
+    shards). A group's `lr_scale`, where it has one, is what the schedule's learning rate is
+    multiplied by for it (`train/step.py`)."""
     device = next(model.parameters()).device
-    cls, extra = adamw_choice(device, fused)
-    return cls(param_groups(model, weight_decay), lr=lr, betas=betas, **extra)
+    cls, groups, extra = optimizer_choice(
+        model, device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum
+    )
+    return cls(groups, lr=lr, betas=betas, **extra)
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

@@ -38,7 +38,7 @@ def train_step(
     measure_memory: bool = False,
 ) -> StepResult:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's matrices: muon_lr / lr
     precision = model.precision
     loss_sum = torch.zeros((), device=device)
     activation_bytes = 0

@@ -110,8 +110,13 @@ REFERENCES = {
     "accum": {"grad_accum_steps": 2},
     "bf16": {"precision": "bf16"},
     "unfused": {"fused_adamw": False},
+    "muon": {"optimizer": "muon"},
 }
-EXTENDED = {"fp32_extended": {}, "unfused_extended": {"fused_adamw": False}}
+EXTENDED = {
+    "fp32_extended": {},
+    "unfused_extended": {"fused_adamw": False},
+    "muon_extended": {"optimizer": "muon"},
+}
 """Runs trained to half the steps, then extended to all of them (a new schedule tail): what a
 checkpoint resumed at another layout must reproduce."""
 
@@ -119,8 +124,8 @@ checkpoint resumed at another layout must reproduce."""
 @pytest.fixture(scope="session")
 def references(launcher, tmp_path_factory):
     """Single-process runs the parallel ones must reproduce: fp32, fp32 with 2 micro-batches
-    of gradient accumulation, bf16 autocast, and fp32 with lmforge's AdamW (fused_adamw=false);
-    and the two AdamWs trained to half the steps, then extended."""
+    of gradient accumulation, bf16 autocast, fp32 with lmforge's AdamW (fused_adamw=false)
+    and with Muon; and the three optimizers trained to half the steps, then extended."""
     root = tmp_path_factory.mktemp("reference")
     for name, overrides in REFERENCES.items():
         launcher.single(root / name, **overrides)

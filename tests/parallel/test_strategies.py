@@ -44,6 +44,14 @@ STRATEGIES.update(
         for name in ("ddp", "zero1", "fsdp", "tp")
     }
 )
+# DDP, ZeRO-1 and FSDP again with Muon for the blocks' matrices (FSDP gathers a matrix's shards
+# to orthogonalise it), against one process with Muon; "resharded_muon" below covers TP.
+STRATEGIES.update(
+    {
+        f"{name}_muon": ({**STRATEGIES[name][0], "optimizer": "muon"}, "muon", "fp32")
+        for name in ("ddp", "zero1", "fsdp")
+    }
+)
 
 
 def losses(out) -> list[float]:
@@ -57,7 +65,7 @@ def weights(out) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def group(launcher, tmp_path_factory):
     """All 2-process runs, in one group: the strategies, then a checkpoint at fsdp=2 (2 steps)
-    resumed at tp=2 (to 4 steps), with fused AdamW and with lmforge's, and a ZeRO-1
+    resumed at tp=2 (to 4 steps), with fused AdamW, lmforge's and Muon, and a ZeRO-1
     checkpoint resumed at the same layout."""
     root = tmp_path_factory.mktemp("group2")
     base = launcher.train
@@ -70,6 +78,9 @@ def group(launcher, tmp_path_factory):
     unfused = {**base, "fused_adamw": False}
     runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, **half}})
     runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, "parallel": "tp=2"}})
+    muon = {**base, "optimizer": "muon"}
+    runs.append({"out": str(root / "resharded_muon"), "train": {**muon, **half}})
+    runs.append({"out": str(root / "resharded_muon"), "train": {**muon, "parallel": "tp=2"}})
     zero1 = {**base, "parallel": "dp=2", "zero1": True}
     runs.append({"out": str(root / "zero1_resumed"), "train": {**zero1, "max_steps": 2}})
     runs.append({"out": str(root / "zero1_resumed"), "train": zero1})
@@ -110,14 +121,16 @@ def test_communication_is_logged_per_strategy(group):
 RESUMED = {
     "resharded": "fp32_extended",
     "resharded_unfused": "unfused_extended",
+    "resharded_muon": "muon_extended",
     "zero1_resumed": "fp32_extended",
 }
 
 
 @pytest.mark.parametrize("name", RESUMED)
 def test_checkpoint_resumed_continues_the_run(name, group, references, launcher):
-    """fsdp=2 → tp=2 (resharded by DCP; lmforge's AdamW state as well as PyTorch's), and
-    ZeRO-1's per-rank optimizer state at dp=2: a 2-step run extended to 4 steps."""
+    """fsdp=2 → tp=2 (resharded by DCP; lmforge's AdamW state and Muon's as well as
+    PyTorch's), and ZeRO-1's per-rank optimizer state at dp=2: a 2-step run extended to 4
+    steps."""
     reference = references / RESUMED[name]
     assert losses(group / name) == pytest.approx(losses(reference), abs=1e-4)
     launcher.assert_same_weights(weights(group / name), weights(reference))
