@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ SAMPLE_PROMPTS = [
 ]
 SAMPLE_TOKENS = 96
 FINAL_EVAL_BATCHES = 64  # the report's evaluation: up to this many batches of the validation split
+PREPARE_WAIT_S = 3 * 3600  # under torchrun, how long the other ranks wait for rank 0's data
 
 
 def cache_root(cfg: RunConfig) -> Path:
@@ -60,30 +62,85 @@ def pretrain(
     """Train into `out_dir` on `shard_dir`, or on `cfg.data` prepared first.
 
     Data named by path is prepared inside the run folder; the built-in corpus is prepared once
-    into a cache shared by runs with the same data and tokenizer settings. `threads` as for
-    `train`.
+    into a cache shared by runs with the same data and tokenizer settings; under torchrun rank 0
+    prepares it while the others wait (`prepare_once`). `threads` as for `train`.
     """
     out = Path(out_dir)
     cfg.validate()
     requested_threads(threads)  # a bad count fails before any work
-    processes = world_size_from_env()
-    if processes > 1 and shard_dir is None:
-        raise LmforgeError(
-            f"training on {processes} processes needs prepared token shards: run "
-            "`lmforge tokenize` (or one single-process run) first, then pass --data SHARD_DIR"
-        )
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone claims the folder
-        claim_run_dir(cfg, out, fresh)
     prepared = None
     if shard_dir is None:
-        prepared = prepare_corpus(
-            cfg.data, cfg.tokenizer, out if cfg.data.path else cache_root(cfg)
-        )
+        root = out if cfg.data.path else cache_root(cfg)
+        prepared = prepare_once(cfg, out, fresh, root)
         shard_dir = prepared.shard_dir
+    elif _rank() == 0:  # under torchrun, rank 0 alone claims the folder
+        claim_run_dir(cfg, out, fresh)
     documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
     run_config = {**to_dict(cfg), TRAINED_ON: data_record(shard_dir, documents)}
     result = train(cfg.model, cfg.train, shard_dir, out, run_config=run_config, threads=threads)
+    if prepared is not None:
+        _drop_ready_marker(prepared.root)  # every rank read it: they all trained together
     return result, prepared
+
+
+def prepare_once(cfg: RunConfig, out: Path, fresh: bool, root: Path) -> Prepared:
+    """Claim the run folder and prepare `cfg.data` into `root` (or reuse it there).
+
+    Under torchrun, rank 0 alone claims and prepares while the other ranks wait for its
+    marker file (the process group is not up yet: training starts it), then read the same
+    prepared folder; a failure on rank 0 is written into the marker so the others stop too.
+    """
+    if world_size_from_env() == 1:
+        claim_run_dir(cfg, out, fresh)
+        return prepare_corpus(cfg.data, cfg.tokenizer, root)
+    marker = _ready_marker(root)
+    if _rank() == 0:
+        try:
+            claim_run_dir(cfg, out, fresh)
+            prepared = prepare_corpus(cfg.data, cfg.tokenizer, root)
+        except BaseException as e:
+            _write_marker(marker, f"failed: {type(e).__name__}: {e}")
+            raise
+        _write_marker(marker, "ready")
+        return prepared
+    deadline = time.monotonic() + PREPARE_WAIT_S
+    while not marker.is_file():
+        if time.monotonic() > deadline:
+            raise LmforgeError(
+                f"rank {_rank()}: rank 0 did not prepare the data in {root} within "
+                f"{PREPARE_WAIT_S} s: check rank 0's output, or prepare it first with one process"
+            )
+        time.sleep(0.2)
+    state = marker.read_text()
+    if state != "ready":
+        raise LmforgeError(f"rank {_rank()}: rank 0 could not prepare the data ({state})")
+    return Prepared(root, json.loads((root / "data" / "stats.json").read_text()))
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _ready_marker(root: Path) -> Path:
+    """This launch's marker: torchrun's run id (or the rendezvous address) names it, so a
+    marker left by an earlier launch is never mistaken for this one's."""
+    launch = os.environ.get("TORCHELASTIC_RUN_ID") or "{}-{}".format(
+        os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    )
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in launch)
+    return root / f".prepared-{safe}"
+
+
+def _write_marker(marker: Path, state: str) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_name(marker.name + ".tmp")
+    tmp.write_text(state)
+    os.replace(tmp, marker)
+
+
+def _drop_ready_marker(root: Path) -> None:
+    if world_size_from_env() > 1 and _rank() == 0:
+        _ready_marker(root).unlink(missing_ok=True)
 
 
 def speedrun(
@@ -92,21 +149,24 @@ def speedrun(
     """Run every stage into `out_dir`; return the path of `report.md`.
 
     A signal that stops training raises RunStopped once the checkpoint is saved; the stages
-    after training run at the thread count training chose (or `threads`).
+    after training run at the thread count training chose (or `threads`). Under torchrun every
+    rank trains; rank 0 alone prepares the data, evaluates and writes the report.
     """
     out = Path(out_dir)
     cfg.validate()
     requested_threads(threads)
-    claim_run_dir(cfg, out, fresh)
-    prepared = prepare_corpus(cfg.data, cfg.tokenizer, out)
+    prepared = prepare_once(cfg, out, fresh, out)
     trained_on = data_record(prepared.shard_dir, cfg.data.path or "stdlib")
     run_config = {**to_dict(cfg), TRAINED_ON: trained_on}
     result = train(
         cfg.model, cfg.train, prepared.shard_dir, out, run_config=run_config, threads=threads
     )
+    _drop_ready_marker(prepared.root)
     if result.interrupted:
         message = stopped_message(result.stop_signal, result.step, result.checkpoint)
         raise RunStopped(message, exit_status(result.stop_signal))
+    if _rank() != 0:  # under torchrun, rank 0 alone evaluates and writes the report
+        return out / "report.md"
     with using_threads(result.threads):
         return _evaluate_and_report(cfg, out, prepared, result)
 

@@ -82,7 +82,8 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
     except RunStopped as e:  # training checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
         print(e.message, file=sys.stderr)
         return e.exit_status
-    print(f"done: {report}")
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone writes the report
+        print(f"done: {report}")
     return 0
 
 

@@ -53,6 +53,26 @@ def test_train_under_torchrun(launcher, tmp_path):
     assert json.loads((final / "config.json").read_text())["run"]["train"]["parallel"] == "fsdp=2"
 
 
+def test_train_under_torchrun_without_data_prepares_on_rank_zero(corpus_dir, tmp_path):
+    """No --data: rank 0 prepares the corpus while rank 1 waits for its marker, then both train
+    on the same shards (here a small corpus via data.path; the built-in one takes the same
+    path into the cache)."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "-m", "lmforge", "train", "--preset", "tiny"]
+    command += ["--max-steps", "2", "--parallel", "fsdp=2", "--out", str(out)]
+    command += ["--set", f"data.path={corpus_dir}", "--set", "data.workers=1"]
+    command += ["--set", "train.eval_batches=1", "--set", "train.eval_every=0"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", LMFORGE_PROGRESS="0", LMFORGE_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("done: step 2") == 1
+    assert done.stdout.count("tokenizer: vocab") == 1  # prepared once, by rank 0
+    assert (out / "tokens" / "meta.json").is_file()
+    assert not list(out.glob(".prepared-*"))  # the marker is gone once every rank read it
+
+
 def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(launcher, tmp_path):
     """SIGTERM reaching rank 1 only: both ranks agree at a log step and checkpoint, instead of
     rank 0 waiting in the next step's collectives until the timeout; rank 1 exits 143 (its

@@ -97,3 +97,15 @@ def test_doc_separator_flag_sets_the_data_key(command):
     assert run_config(args).data.doc_separator == ""
     args = parser.parse_args([command, "--set", "data.doc_separator=---"])
     assert run_config(args).data.doc_separator == "---"
+
+
+def test_tokenizer_train_never_learns_a_custom_separator(tmp_path):
+    from lmforge.prepare import TokenizerConfig, train_tokenizer
+    from lmforge.tokenizer import train_bpe
+
+    path = tmp_path / "dump.txt"
+    path.write_text("".join(s + "~~~~\n" for s in STORIES))
+    tok = TokenizerConfig(vocab_size=300, special_tokens=["<|endoftext|>"])
+    trained = train_tokenizer([str(path)], tok, tmp_path / "tok", 1, doc_separator="~~~~")
+    expected = train_bpe(STORIES, 300, ["<|endoftext|>"], workers=1)
+    assert trained.fingerprint() == expected.fingerprint()
