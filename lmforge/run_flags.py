@@ -17,6 +17,9 @@ training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML fi
   cast_module=true          bf16/fp16: cast the model itself, step fp32 master copies
   offload_optimizer=true    keep optimizer state and fp32 master weights on the CPU
   fused_adamw=false         lmforge's AdamW instead of PyTorch's fused kernel
+  optimizer=muon            Muon for the blocks' matrices, AdamW for the rest
+  muon_lr=0.02              optimizer=muon: the matrices' peak learning rate
+  muon_momentum=0.95        optimizer=muon: Nesterov momentum
   max_bad_steps=N           stop after N non-finite steps in a row (default 25)
   loader=sequential         walk the shards in a seeded order instead of random windows
   checkpoint_every=N        also checkpoint every N steps (always at the end, on Ctrl-C
