@@ -46,7 +46,7 @@ from lmforge.device.peak import measure_matmul_flops
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train.compose import compose
 from lmforge.train.guard import NonFiniteGuard
-from lmforge.train.optim import build_optimizer
+from lmforge.train.optimizers import build_optimizer
 from lmforge.train.precision import make_precision
 from lmforge.train.schedule import lr_at
 from lmforge.train.step import train_step

@@ -14,7 +14,7 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.parallel.comm_count import count_collectives
 from lmforge.parallel.layout import ParallelOptions, check_batch, check_model
-from lmforge.train.optim import optimizer_choice
+from lmforge.train.optimizers import optimizer_choice
 
 if TYPE_CHECKING:
     from lmforge.model import ModelConfig, Transformer
@@ -49,7 +49,7 @@ def build_parallel_optimizer(
     muon_lr: float = 0.02,
     muon_momentum: float = 0.95,
 ) -> torch.optim.Optimizer:
-    """The optimizer one process would use (`optim.optimizer_choice`: PyTorch's fused AdamW,
+    """The optimizer one process would use (`optimizers.optimizer_choice`: PyTorch's fused AdamW,
     lmforge's, or Muon; all step DTensor shards and skip a bad step on the device), over the
     (possibly sharded) parameters; sharded itself by ZeRO-1 when asked."""
     from lmforge.parallel.data_parallel import build_zero1

@@ -44,7 +44,7 @@ from lmforge.train.guard import NonFiniteGuard
 from lmforge.train.memory import peak_memory_bytes
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.mfu import mfu, peak_flops
-from lmforge.train.optim import build_optimizer
+from lmforge.train.optimizers import build_optimizer
 from lmforge.train.precision import make_precision
 from lmforge.train.schedule import Schedule, rewarm_steps
 from lmforge.train.signals import StopRequest, stop_requests

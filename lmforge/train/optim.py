@@ -1,10 +1,10 @@
 """AdamW with decoupled weight decay (Loshchilov & Hutter), usable as any torch optimizer.
 
 Also decides which parameters decay (matrices do; gains, biases and embeddings do not) and
-builds the optimizer a run uses: PyTorch's fused AdamW kernel where the device has one, else
-this one, in one process and on every parallel layout alike (this one steps DTensor shards,
-so FSDP and tensor parallelism use it too); or, with `train.optimizer = "muon"`, Muon for the
-blocks' matrices and this AdamW for the rest (`train/muon.py`).
+which AdamW a device gets: PyTorch's fused kernel where the device has one, else this one, in
+one process and on every parallel layout alike (this one steps DTensor shards, so FSDP and
+tensor parallelism use it too). `train/optimizers.py` builds a run's optimizer from these or
+from Muon (`train/muon.py`).
 
 Skipping a bad step follows PyTorch's protocol (torch.amp.GradScaler's): an optimizer whose
 `_step_supports_amp_scaling` is true (this one, PyTorch's fused kernels, ZeRO-1 over either)
@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
-
-from lmforge.train.config import OPTIMIZERS
 
 
 class AdamW(torch.optim.Optimizer):
@@ -107,50 +105,6 @@ def adamw_choice(device: torch.device, fused: bool = True) -> tuple[type, dict]:
     if fused and device.type in fused_devices():
         return torch.optim.AdamW, {"fused": True}
     return AdamW, {}
-
-
-def optimizer_choice(
-    model: nn.Module,
-    device: torch.device,
-    lr: float,
-    weight_decay: float,
-    fused: bool = True,
-    optimizer: str = "adamw",
-    muon_lr: float = 0.02,
-    muon_momentum: float = 0.95,
-) -> tuple[type, list[dict], dict]:
-    """The optimizer class for `optimizer` ("adamw": as `adamw_choice` picks it; "muon": Muon
-    for the blocks' matrices, lmforge's AdamW for the rest), its parameter groups over `model`
-    and its extra keyword arguments."""
-    if optimizer == "muon":
-        from lmforge.train.muon import Muon, muon_param_groups
-
-        groups = muon_param_groups(model, weight_decay, lr, muon_lr)
-        return Muon, groups, {"momentum": muon_momentum}
-    if optimizer != "adamw":
-        raise ValueError(f"unknown optimizer {optimizer!r}: choose one of {OPTIMIZERS}")
-    cls, extra = adamw_choice(device, fused)
-    return cls, param_groups(model, weight_decay), extra
-
-
-def build_optimizer(
-    model: nn.Module,
-    lr: float,
-    betas: tuple[float, float],
-    weight_decay: float,
-    fused: bool = True,
-    optimizer: str = "adamw",
-    muon_lr: float = 0.02,
-    muon_momentum: float = 0.95,
-) -> torch.optim.Optimizer:
-    """The optimizer `optimizer_choice` picks over `model`'s parameters (plain or DTensor
-    shards). A group's `lr_scale`, where it has one, is what the schedule's learning rate is
-    multiplied by for it (`train/step.py`)."""
-    device = next(model.parameters()).device
-    cls, groups, extra = optimizer_choice(
-        model, device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum
-    )
-    return cls(groups, lr=lr, betas=betas, **extra)
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

@@ -14,7 +14,7 @@ from lmforge.plan.precision import precision_bytes
 from lmforge.plan.shapes import from_model_config
 from lmforge.train.master import ComputeCopy
 from lmforge.train.memory import apply_activation_checkpointing, saved_activation_bytes
-from lmforge.train.optim import build_optimizer
+from lmforge.train.optimizers import build_optimizer
 
 BATCH, SEQ = 2, 64
 

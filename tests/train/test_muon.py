@@ -11,7 +11,8 @@ from lmforge.model import ModelConfig, Transformer
 from lmforge.train import TrainConfig, train
 from lmforge.train.metrics import read_metrics
 from lmforge.train.muon import Muon, newton_schulz
-from lmforge.train.optim import AdamW, build_optimizer
+from lmforge.train.optim import AdamW
+from lmforge.train.optimizers import build_optimizer
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 

@@ -107,7 +107,7 @@ def test_clip_leaves_small_gradients_alone():
 
 @pytest.mark.parametrize("fused", [False, True], ids=["lmforge", "torch-fused"])
 def test_found_inf_skips_the_step_on_the_device(fused):
-    from lmforge.train.optim import build_optimizer
+    from lmforge.train.optimizers import build_optimizer
 
     model = nn.Linear(4, 3)
     opt = build_optimizer(model, lr=0.1, betas=(0.9, 0.95), weight_decay=0.1, fused=fused)

@@ -1,0 +1,53 @@
+"""The optimizer a run uses: AdamW for every parameter (`train/optim.py`), or Muon for the
+blocks' matrices with AdamW for the rest (`train/muon.py`), from `train.optimizer`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmforge.train.config import OPTIMIZERS
+from lmforge.train.muon import Muon, muon_param_groups
+from lmforge.train.optim import adamw_choice, param_groups
+
+
+def optimizer_choice(
+    model: nn.Module,
+    device: torch.device,
+    lr: float,
+    weight_decay: float,
+    fused: bool = True,
+    optimizer: str = "adamw",
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
+) -> tuple[type, list[dict], dict]:
+    """The optimizer class for `optimizer` ("adamw": as `adamw_choice` picks it; "muon": Muon
+    for the blocks' matrices, lmforge's AdamW for the rest), its parameter groups over `model`
+    and its extra keyword arguments."""
+    if optimizer == "muon":
+        groups = muon_param_groups(model, weight_decay, lr, muon_lr)
+        return Muon, groups, {"momentum": muon_momentum}
+    if optimizer != "adamw":
+        raise ValueError(f"unknown optimizer {optimizer!r}: choose one of {OPTIMIZERS}")
+    cls, extra = adamw_choice(device, fused)
+    return cls, param_groups(model, weight_decay), extra
+
+
+def build_optimizer(
+    model: nn.Module,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    fused: bool = True,
+    optimizer: str = "adamw",
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
+) -> torch.optim.Optimizer:
+    """The optimizer `optimizer_choice` picks over `model`'s parameters (plain or DTensor
+    shards). A group's `lr_scale`, where it has one, is what the schedule's learning rate is
+    multiplied by for it (`train/step.py`)."""
+    device = next(model.parameters()).device
+    cls, groups, extra = optimizer_choice(
+        model, device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum
+    )
+    return cls(groups, lr=lr, betas=betas, **extra)
