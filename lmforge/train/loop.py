@@ -241,6 +241,14 @@ def _train(
                 device,
             )
 
+    def validate(step: int, leave: bool = False) -> EvalResult:
+        """A periodic validation, logged to metrics.jsonl with the batches it read."""
+        ev = run_eval(leave)
+        if main:
+            loss, bpb = round(ev.loss, 5), round(ev.bpb, 5)
+            metrics.write(step=step, val_loss=loss, val_bpb=bpb, eval_batches=cfg.eval_batches)
+        return ev
+
     def checkpoint() -> Path:
         trainer_state = {
             "total_steps": total_steps,
@@ -373,14 +381,7 @@ def _train(
                     progress.total = total_steps
                     progress.refresh()
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
-                    ev = run_eval()
-                    if main:
-                        metrics.write(
-                            step=step,
-                            val_loss=round(ev.loss, 5),
-                            val_bpb=round(ev.bpb, 5),
-                            eval_batches=cfg.eval_batches,
-                        )
+                    ev = validate(step)
                     log(f"step {step} val loss {ev.loss:.4f} bpb {ev.bpb:.4f}")
                     throughput.reset()
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -403,14 +404,7 @@ def _train(
 
             export_safetensors(path)  # the final checkpoint, ready for inference in one file
         if not interrupted:  # a stopped run saves and leaves: it has not ended
-            final = run_eval(leave=True)
-            if main:
-                metrics.write(
-                    step=step,
-                    val_loss=round(final.loss, 5),
-                    val_bpb=round(final.bpb, 5),
-                    eval_batches=cfg.eval_batches,
-                )
+            final = validate(step, leave=True)
     else:
         path = existing[-1]
         print(f"training: reusing {path} (already complete)")
