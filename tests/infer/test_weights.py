@@ -117,5 +117,6 @@ def test_decode_dtype_keeps_a_half_checkpoint_only_where_it_is_fast(
     import lmforge.device.capability as capability
     from lmforge.infer.weights import decode_dtype
 
+    monkeypatch.delenv("LMFORGE_CPU_PROFILE", raising=False)  # the measurement alone decides
     monkeypatch.setattr(capability, "bf16_speedup", lambda: 2.5 if bf16_fast else 0.04)
     assert decode_dtype(saved, device) == want
