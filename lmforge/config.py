@@ -34,6 +34,7 @@ else:
 @dataclass
 class RunConfig:
     name: str = "small"
+    size_to_budget: bool = False  # a time-budgeted run picks its shape (lmforge.recipe)
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -67,6 +68,10 @@ class RunConfig:
             )
 
 
+TOP_LEVEL = {"name": str, "size_to_budget": bool}
+"""RunConfig's settings outside any section."""
+
+
 def tiny() -> RunConfig:
     """Seconds on a CPU: for tests and smoke runs."""
     return RunConfig(
@@ -87,7 +92,8 @@ def tiny() -> RunConfig:
 
 
 def small() -> RunConfig:
-    """The speedrun default: about ten minutes end to end on two CPU cores."""
+    """The speedrun's recipe at a pinned 5.3M-parameter shape: about ten minutes end to end on
+    two CPU cores. Muon with a WSD schedule decaying to zero (README: the scaling sweep)."""
     return RunConfig(
         name="small",
         model=ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, max_seq_len=256),
@@ -96,6 +102,9 @@ def small() -> RunConfig:
             batch_size=16,
             seq_len=256,
             lr=3e-3,
+            optimizer="muon",
+            schedule="wsd",
+            min_lr_ratio=0.0,
             warmup_steps=50,
             minutes=8.0,
             eval_every=100,
@@ -105,6 +114,12 @@ def small() -> RunConfig:
             precision="auto",  # bf16 where measured fast: 1.35x the tokens, lower bpb (README)
         ),
     )
+
+
+def auto() -> RunConfig:
+    """The speedrun default: `small`'s recipe at the shape its time budget buys on this
+    machine (lmforge.recipe.sizing); with a step count instead of a budget, small's shape."""
+    return dataclasses.replace(small(), name="auto", size_to_budget=True)
 
 
 def gpt2_124m() -> RunConfig:
@@ -217,6 +232,7 @@ def mixtral_8x7b() -> RunConfig:
 
 
 PRESETS = {
+    "auto": auto,
     "tiny": tiny,
     "small": small,
     "gpt2-124m": gpt2_124m,
@@ -236,8 +252,8 @@ def preset(name: str) -> RunConfig:
 def load_config(
     preset_name: str | None = None, path: str | Path | None = None, overrides: list[str] = ()
 ) -> RunConfig:
-    """Preset (default `small`), then the TOML file, then `section.key=value` overrides."""
-    cfg = preset(preset_name or "small")
+    """Preset (default `auto`), then the TOML file, then `section.key=value` overrides."""
+    cfg = preset(preset_name or "auto")
     if path is not None:
         cfg = apply_dict(cfg, read_toml(path), source=str(path))
     for item in overrides:
@@ -259,8 +275,8 @@ def apply_dict(cfg: RunConfig, values: dict, source: str = "config") -> RunConfi
     """A copy of `cfg` with `values` (nested like the TOML file) applied; unknown keys rejected."""
     updates: dict[str, Any] = {}
     for key, value in values.items():
-        if key == "name":
-            updates["name"] = str(value)
+        if key in TOP_LEVEL:
+            updates[key] = _coerce(value, TOP_LEVEL[key], key, source)
             continue
         section = _section(cfg, key, source)
         if not isinstance(value, dict):
@@ -310,7 +326,15 @@ def config_text(cfg: RunConfig) -> str:
     return tomli_w.dumps(_drop_none(to_dict(cfg)))
 
 
-RUN_ENTRIES = ("config.toml", "data", "tokenizer", "tokens", "checkpoints", "metrics.jsonl")
+RUN_ENTRIES = (
+    "config.toml",
+    "data",
+    "tokenizer",
+    "tokens",
+    "sizing.json",
+    "checkpoints",
+    "metrics.jsonl",
+)
 """What a run folder holds before its report (plots/ and report.md come last)."""
 
 
@@ -410,7 +434,7 @@ def _show(value: Any) -> str:
 
 
 def _section(cfg: RunConfig, key: str, source: str) -> Any:
-    sections = [f.name for f in dataclasses.fields(cfg) if f.name != "name"]
+    sections = [f.name for f in dataclasses.fields(cfg) if f.name not in TOP_LEVEL]
     if key not in sections:
         raise LmforgeError(
             f"{source}: unknown section {key!r}; valid sections: {', '.join(sections)}"

@@ -61,6 +61,8 @@ RANGES: dict[str, Range] = {
     "train.lr": POSITIVE,
     "train.min_lr_ratio": Range(0, 1, high_open=False),
     "train.warmup_steps": NON_NEGATIVE,
+    "train.warmup_frac": Range(0, 1, high_open=False),
+    "train.decay_frac": FRACTION,
     "train.max_steps": NON_NEGATIVE,
     "train.minutes": NON_NEGATIVE,
     "train.weight_decay": NON_NEGATIVE,

@@ -48,7 +48,8 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         "--preset",
         choices=None,
         metavar="NAME",
-        help=f"starting config: {', '.join(PRESETS)} (default: small)",
+        help=f"starting config: {', '.join(PRESETS)} (default: auto, small's recipe at the "
+        "shape the time budget buys on this machine)",
     )
     p.add_argument("--config", metavar="FILE.toml", help="TOML file applied over the preset")
     p.add_argument(

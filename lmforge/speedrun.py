@@ -12,17 +12,20 @@ import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from lmforge.config import RunConfig, claim_run_dir, to_dict
+from lmforge.config import RunConfig, claim_run_dir, config_text, to_dict
+from lmforge.device import load
 from lmforge.errors import LmforgeError
 from lmforge.infer import complete
 from lmforge.parallel.world import world_size_from_env
 from lmforge.prepare import Prepared, prepare_corpus
 from lmforge.progress import bar, bar_per_call
+from lmforge.recipe.sizing import Sizing, size_run
 from lmforge.report.report import ReportData, Sample, warn_if_behind_baseline, write_report
 from lmforge.threads import requested_threads, using_threads
 from lmforge.tokens import load_tokens
@@ -75,6 +78,7 @@ def pretrain(
         shard_dir = prepared.shard_dir
     elif _rank() == 0:  # under torchrun, rank 0 alone claims the folder
         claim_run_dir(cfg, out, fresh)
+    cfg, _ = size_run(cfg, shard_dir, out)
     documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
     run_config = {**to_dict(cfg), TRAINED_ON: data_record(shard_dir, documents)}
     result = train(cfg.model, cfg.train, shard_dir, out, run_config=run_config, threads=threads)
@@ -156,11 +160,18 @@ def speedrun(
     cfg.validate()
     requested_threads(threads)
     prepared = prepare_once(cfg, out, fresh, out)
+    cfg, sizing = size_run(cfg, prepared.shard_dir, out)
     trained_on = data_record(prepared.shard_dir, cfg.data.path or "stdlib")
     run_config = {**to_dict(cfg), TRAINED_ON: trained_on}
+    before = load.sample()
     result = train(
         cfg.model, cfg.train, prepared.shard_dir, out, run_config=run_config, threads=threads
     )
+    machine_load = {
+        "calibrated_tokens_per_s": _calibrated(sizing),
+        "tokens_per_s": result.tokens_per_s,
+        "others_cpu_share": load.others_share(before, load.sample()),
+    }
     _drop_ready_marker(prepared.root)
     if result.interrupted:
         message = stopped_message(result.stop_signal, result.step, result.checkpoint)
@@ -168,11 +179,23 @@ def speedrun(
     if _rank() != 0:  # under torchrun, rank 0 alone evaluates and writes the report
         return out / "report.md"
     with using_threads(result.threads):
-        return _evaluate_and_report(cfg, out, prepared, result)
+        return _evaluate_and_report(cfg, out, prepared, result, sizing, machine_load)
+
+
+def _calibrated(sizing: Sizing | None) -> float | None:
+    """The chosen shape's tokens/s timed before training, when the run was sized."""
+    if sizing is None:
+        return None
+    return next(c.measured_tokens_per_s for c in sizing.candidates if c.shape == sizing.chosen)
 
 
 def _evaluate_and_report(
-    cfg: RunConfig, out: Path, prepared: Prepared, result: TrainResult
+    cfg: RunConfig,
+    out: Path,
+    prepared: Prepared,
+    result: TrainResult,
+    sizing: Sizing | None,
+    machine_load: dict,
 ) -> Path:
     """The stages after training: evaluation, samples and the report."""
     model, tokenizer = load_checkpoint(result.checkpoint, "cpu")
@@ -226,7 +249,7 @@ def _evaluate_and_report(
         out,
         ReportData(
             name=cfg.name,
-            config_toml=(out / "config.toml").read_text(),
+            config_toml=config_text(cfg),  # as trained: the sized shape and minutes
             data_stats=prepared.stats,
             tokenizer={
                 "vocab_size": tokenizer.vocab_size,
@@ -249,6 +272,8 @@ def _evaluate_and_report(
             },
             evaluation=evaluation,
             samples=samples,
+            sizing={**asdict(sizing), "reason": sizing.reason} if sizing else None,
+            machine_load=machine_load,
         ),
     )
     writing.update()

@@ -39,6 +39,10 @@ class ReportData:
     # seq_len and tokens, and periodic_val_bpb and periodic_batches of the periodic validation
     evaluation: dict
     samples: list[Sample] = field(default_factory=list)
+    sizing: dict | None = None  # recipe.sizing.Sizing as a dict, plus its `reason`
+    # calibrated_tokens_per_s (timed before training), trained tokens_per_s, and
+    # others_cpu_share: the CPU capacity other processes used while it trained (None: unknown)
+    machine_load: dict | None = None
 
 
 def write_report(run_dir: str | Path, data: ReportData) -> Path:
@@ -142,6 +146,64 @@ def _result(ev: dict) -> list[str]:
     return lines
 
 
+BUSY_SHARE = 0.25
+"""Other processes using more than this share of the CPUs while a run trained: a busy machine."""
+
+
+def _sizing(sizing: dict | None) -> list[str]:
+    if not sizing:
+        return []
+    rows = [
+        "### Shape, sized to the budget",
+        "",
+        f"Chosen: {sizing['chosen']}. Why: {sizing['reason']}.",
+        "",
+        f"Timing the candidates took {sizing['sizing_s']:.0f} s of the "
+        f"{sizing['budget_s'] / 60:g} min budget; training had {sizing['train_minutes']:.2f} min.",
+        "",
+        "| shape | parameters | predicted tokens/s | measured tokens/s | predicted bpb |",
+        "|---|---|---|---|---|",
+    ]
+    for c in sizing["candidates"]:
+        measured = f"{c['measured_tokens_per_s']:,.0f}" if c["measured_tokens_per_s"] else "-"
+        bpb = c["bpb_at_measured"] if c["bpb_at_measured"] is not None else c["predicted_bpb"]
+        rows.append(
+            f"| {c['shape']} | {c['params'] / 1e6:.1f}M | {c['predicted_tokens_per_s']:,.0f} | "
+            f"{measured} | {bpb:.3f} |"
+        )
+    rows += [
+        "",
+        "Predicted tokens/s: the FLOP rate of the first shape timed, over each shape's FLOPs "
+        "per token. Predicted bpb: the scaling rule (README) at the tokens the budget holds, at "
+        "the measured speed where timed.",
+        "",
+    ]
+    return rows
+
+
+def _machine_load(load: dict | None) -> list[str]:
+    if not load:
+        return []
+    calibrated, trained = load.get("calibrated_tokens_per_s"), load["tokens_per_s"]
+    share = load.get("others_cpu_share")
+    busy = share is not None and share > BUSY_SHARE
+    speed = f"Training ran at {trained:,.0f} tokens/s"
+    if calibrated:
+        speed += f", {trained / calibrated:.0%} of the {calibrated:,.0f} tokens/s timed before it"
+    if share is None:
+        verdict = "The machine's load is unknown here (no /proc/stat)"
+    else:
+        verdict = "**The machine was busy**" if busy else "The machine was quiet"
+    used = f": other processes used {share:.0%} of its CPUs" if share is not None else ""
+    return [
+        "### Machine load",
+        "",
+        f"{verdict} while training{used}. {speed}"
+        + ("; the schedule's decay was fitted to the time actually left." if busy else "."),
+        "",
+    ]
+
+
 def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
     """The report's Markdown; `plan` holds the plan-vs-measured rows (plan_table.py)."""
     stats, tok, ev, tr = data.data_stats, data.tokenizer, data.evaluation, data.training
@@ -176,6 +238,8 @@ def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
         f"{tr['tokens']:,} tokens at {tr['tokens_per_s']:.0f} tokens/s.",
         "",
         *_throughput(tr),
+        *_sizing(data.sizing),
+        *_machine_load(data.machine_load),
         *plan,
         f"![loss curve]({plot_path})",
         "",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
 from lmforge.parallel.layout import parse_layout
+from lmforge.train.schedule import SCHEDULES
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CHECKPOINTING_MODES = ("none", "full", "selective")
@@ -20,7 +21,10 @@ class TrainConfig:
     grad_accum_steps: int = 1
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
+    schedule: str = "wsd"  # wsd (warmup, stable peak, linear decay) | cosine
+    warmup_frac: float = 0.05  # warmup: this share of the run, at most warmup_steps
     warmup_steps: int = 50
+    decay_frac: float = 0.2  # wsd: the share of the run spent decaying to the floor
     max_steps: int = 0  # 0: train for `minutes` of wall-clock time instead
     minutes: float = 0.0
     weight_decay: float = 0.1
@@ -75,6 +79,7 @@ class TrainConfig:
             ("activation_checkpointing", CHECKPOINTING_MODES),
             ("loader", LOADERS),
             ("optimizer", OPTIMIZERS),
+            ("schedule", SCHEDULES),
         ):
             if getattr(self, name) not in choices:
                 raise LmforgeError(

@@ -36,6 +36,7 @@ from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.train.batches import make_batches
 from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths
+from lmforge.train.budget import StepClock, refit, steps_in_budget
 from lmforge.train.checkpoint import load_model_weights, load_training_state, save_checkpoint
 from lmforge.train.checkpoint_dir import is_distributed, list_checkpoints
 from lmforge.train.compose import compose
@@ -58,7 +59,13 @@ comm_bytes_per_step."""
 
 CALIBRATION_STEPS = 5
 """Budgeted runs time this many steps (after the first, which pays one-off costs) to fix their
-step count; until then the cosine horizon is open and only warmup applies."""
+step count; until then the horizon is open and only warmup applies."""
+
+REFIT_EVERY = 10
+REFIT_WINDOW = 10
+"""A budgeted WSD run re-fits its step count to the time left every REFIT_EVERY steps, from
+the wall time of its last REFIT_WINDOW steps (budget.py): on the plateau both ways, in the
+decay only shorter (the decay then ends sooner, from the learning rate it has reached)."""
 
 
 @dataclass
@@ -172,7 +179,14 @@ def _train(
     checkpoints_dir = out_dir / "checkpoints"
 
     step, total_steps, prior_seconds = 0, cfg.max_steps or None, 0.0
-    schedule = Schedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps)
+    schedule = Schedule(
+        cfg.lr,
+        cfg.lr * cfg.min_lr_ratio,
+        cfg.warmup_steps,
+        cfg.schedule,
+        cfg.warmup_frac,
+        cfg.decay_frac,
+    )
     existing = list_checkpoints(checkpoints_dir) if resume else []
     last_good = existing[-1] if existing else None
     if existing:
@@ -272,7 +286,15 @@ def _train(
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
     budget_s = cfg.minutes * 60 if not cfg.max_steps else math.inf
+    refits = cfg.schedule == "wsd" and not cfg.max_steps  # the step count follows the time left
+
+    def in_decay(step: int) -> bool:
+        """A refitted decay runs to its end: it was fitted to the time left, and is shortened
+        if that runs out (cutting it would end the run above the floor)."""
+        return refits and schedule.decaying(step)
+
     step_times: list[float] = []
+    step_clock = StepClock(lambda: time.perf_counter())
     settled: list[float] = []  # step times at the final thread count: what fixes a time budget
     activation_bytes = 0
     throughput = Throughput(tokens_per_step, flops_per_token, peak, device)
@@ -291,13 +313,14 @@ def _train(
             # Ranks must stop at the same step: on many processes the step count (fixed by
             # rank 0's timing) ends the run, not each rank's own clock.
             while (total_steps is None or step < total_steps) and (
-                world is not None or elapsed() < budget_s
+                world is not None or elapsed() < budget_s or in_decay(step)
             ):
                 if stop if world is None else _agreed_stop(stop, step, cfg.log_every, device):
                     raise KeyboardInterrupt
                 if trial is not None and trial.chosen is None:
                     torch.set_num_threads(trial.threads)
                 t0 = time.perf_counter()
+                step_clock.step_started()
                 lr = schedule.lr(step)
                 counting = world is not None and len(step_times) == COUNTED_STEP
                 with distributed.count_collectives() if counting else contextlib.nullcontext() as c:
@@ -369,23 +392,40 @@ def _train(
 
                 if total_steps is None and len(settled) >= CALIBRATION_STEPS:
                     remaining = budget_s - elapsed()
-                    total_steps = _steps_in_budget(
-                        cfg, settled[-CALIBRATION_STEPS:], remaining, step
-                    )
+                    timed = settled[-CALIBRATION_STEPS:]
+                    total_steps = steps_in_budget(cfg, sum(timed) / len(timed), remaining, step)
                     if world is not None:
                         total_steps = from_rank_zero(total_steps)
                     schedule.plan(step, total_steps)
-                    log(f"time budget {cfg.minutes:g} min: training for {total_steps} steps")
-                    if len(schedule.plans) > 1:  # a resumed run given a new budget
+                    log(
+                        f"time budget {cfg.minutes:g} min: training for {total_steps} steps "
+                        f"({schedule.describe_plan()})"
+                    )
+                    if existing and len(schedule.plans) > 1:  # resumed with a new budget
                         log(_replanned_message(schedule, step))
                     progress.total = total_steps
                     progress.refresh()
+                elif refits and total_steps is not None and step % REFIT_EVERY == 0:
+                    # the session's first step paid one-off costs: never in the window
+                    per_step = step_clock.recent_step_s(min(REFIT_WINDOW, len(step_times) - 1))
+                    remaining = budget_s - elapsed()
+                    fitted = refit(cfg, schedule, per_step, step_clock.eval_s(), remaining, step)
+                    if world is not None:
+                        fitted = from_rank_zero(fitted)
+                    if fitted != total_steps:
+                        decaying = schedule.decaying(step)
+                        schedule.plan(step, fitted)
+                        total_steps = progress.total = fitted
+                        if decaying:
+                            log(f"behind the time budget: the decay ends at step {fitted}")
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
-                    ev = validate(step)
+                    with step_clock.pause(validation=True):
+                        ev = validate(step)
                     log(f"step {step} val loss {ev.loss:.4f} bpb {ev.bpb:.4f}")
                     throughput.reset()
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    path = checkpoint()
+                    with step_clock.pause():
+                        path = checkpoint()
                     last_good = path if guard.clean() else last_good
                     throughput.reset()
         except KeyboardInterrupt:
@@ -472,11 +512,13 @@ def _resumed_total(cfg: TrainConfig, state: dict) -> int | None:
 
 def _replanned_message(schedule: Schedule, step: int) -> str:
     start, total = schedule.plans[-1]
-    rewarm = rewarm_steps(start, total, schedule.warmup_steps)
+    if schedule.decaying(start):
+        return f"training to step {total} from step {step}: {schedule.describe_plan()}"
+    rewarm = rewarm_steps(start, total, schedule.warmup(total))
     steps = f"{rewarm} step" + ("s" if rewarm > 1 else "")
     return (
         f"training to step {total} from step {step}: the learning rate re-warms over {steps} "
-        f"to {schedule.lr(start + rewarm):.2e}, then decays as a {total}-step run's would"
+        f"to {schedule.lr(start + rewarm):.2e}, then follows a {total}-step run's schedule"
     )
 
 
@@ -484,14 +526,3 @@ def eval_batches(tokens: int, seq_len: int, batch_size: int, max_batches: int) -
     """How many batches `evaluate` runs on `tokens` validation tokens (for its progress bar)."""
     windows = max(0, math.ceil((tokens - seq_len) / seq_len))
     return math.ceil(min(windows, batch_size * max_batches) / batch_size)
-
-
-def _steps_in_budget(
-    cfg: TrainConfig, step_times: list[float], remaining_s: float, step: int
-) -> int:
-    """Total steps that fit the remaining budget, counting the periodic evaluations."""
-    per_step = sum(step_times) / len(step_times)
-    if cfg.eval_every:
-        forward_only = per_step / (3 * cfg.grad_accum_steps)  # forward ≈ 1/3 of forward+backward
-        per_step += cfg.eval_batches * forward_only / cfg.eval_every
-    return step + max(1, int(remaining_s / per_step))

@@ -13,7 +13,9 @@ NS5 is five steps of the quintic X ← aX + (bA + cA²)X with A = XXᵀ and (a, 
 −4.7750, 2.0315), from X = U/‖U‖_F (so every singular value starts ≤ 1). These coefficients
 trade exactness for speed: the singular values land in about [0.68, 1.16], not at 1 (those
 below ~1e-3 of the largest are not lifted that far in 5 steps), which is all Muon needs. It
-runs in bf16 on CUDA and in fp32 elsewhere (bf16 matmuls are slow on most CPUs). An orthogonal
+runs in bf16 where bf16 matmuls are fast (CUDA, and CPUs measured fast: lmforge.device's
+`fast_bf16`; there it is 4x fp32's speed, a fifth of a step of the 5M-parameter speedrun
+shape in fp32), in fp32 elsewhere (bf16 is emulated, slow, on AVX2-only CPUs). An orthogonal
 rows×cols matrix has per-element RMS 1/√max(rows, cols); the √max(1, rows/cols) factor makes
 the update's RMS 1/√cols (1/√fan-in) for tall matrices as for square and wide ones.
 
@@ -32,20 +34,27 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from lmforge.device.capability import cpu_capability
 from lmforge.train.optim import AdamW, _local, param_groups
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def ns_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where its matmuls are fast (CUDA; a CPU measured fast), else fp32."""
+    if device.type == "cuda" or (device.type == "cpu" and cpu_capability().fast_bf16()):
+        return torch.bfloat16
+    return torch.float32
 
 
 def newton_schulz(
     g: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """An approximately orthogonal matrix with `g`'s singular vectors (see the module docstring);
-    computed in `dtype` (default: bf16 on CUDA, fp32 elsewhere), returned in `g`'s dtype."""
+    computed in `dtype` (default: `ns_dtype`), returned in `g`'s dtype."""
     if g.dim() != 2:
         raise ValueError(f"Newton–Schulz orthogonalises matrices, got shape {tuple(g.shape)}")
-    if dtype is None:
-        dtype = torch.bfloat16 if g.device.type == "cuda" else torch.float32
+    dtype = dtype or ns_dtype(g.device)
     a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
     tall = x.size(0) > x.size(1)

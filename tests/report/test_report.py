@@ -99,3 +99,29 @@ def test_the_console_is_warned_of_a_run_behind_the_baseline(val_bpb, warned, cap
     err = capsys.readouterr().err
     assert err.startswith("warning: the model does not beat the unigram baseline") == warned
     assert err.count("\n") == warned
+
+
+def test_a_sized_run_names_its_shape_and_why_and_a_busy_machine_is_said_to_be(tmp_path):
+    import dataclasses
+
+    from lmforge.recipe.sizing import Candidate, Sizing
+
+    sizing = Sizing("d256-l4", 480.0, 21.0, 7.65, 2_900_000, [
+        Candidate("d192-l4", 2_600_000, 7000.0, 1.52, 7400.0, 1.50),
+        Candidate("d256-l4", 4_300_000, 5000.0, 1.48, 6300.0, 1.45),
+        Candidate("d512-l8", 27_800_000, 900.0, 1.90),
+    ])  # fmt: skip
+    busy = {"calibrated_tokens_per_s": 6300.0, "tokens_per_s": 3100.0, "others_cpu_share": 0.6}
+    data = dataclasses.replace(
+        _data({"val_loss": 3.5, "val_bpb": 1.2, "unigram_bpb": 2.4}),
+        sizing={**dataclasses.asdict(sizing), "reason": sizing.reason},
+        machine_load=busy,
+    )
+    text = render(data, "plots/loss.png")
+    assert "Chosen: d256-l4. Why: d256-l4 (4.3M parameters) has the lowest predicted bpb" in text
+    assert "| d512-l8 | 27.8M | 900 | - | 1.900 |" in text  # predicted only: not timed
+    assert "| d256-l4 | 4.3M | 5,000 | 6,300 | 1.450 |" in text
+    assert "**The machine was busy** while training: other processes used 60% of its CPUs" in text
+    assert "3,100 tokens/s, 49% of the 6,300 tokens/s timed before it" in text
+    quiet = dataclasses.replace(data, machine_load={**busy, "others_cpu_share": 0.02})
+    assert "The machine was quiet while training" in render(quiet, "plots/loss.png")

@@ -10,7 +10,6 @@ from lmforge.model import ModelConfig
 from lmforge.train import TrainConfig, list_checkpoints, train
 from lmforge.train.loop import _resumed_total
 from lmforge.train.metrics import read_metrics
-from lmforge.train.schedule import lr_at
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 
@@ -32,9 +31,9 @@ def test_train_with_more_steps_continues_a_finished_run(prepared, tmp_path, caps
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_8", "step_16"]
     logs = _logs(tmp_path)
     assert [r["step"] for r in logs] == [4, 8, 12, 16]
-    lr = 3e-3  # the tiny preset's; the floor is a tenth of it
-    assert logs[1]["lr"] == pytest.approx(lr_at(7, lr, lr / 10, 4, 8))  # the first run's end
-    assert logs[2]["lr"] == pytest.approx(lr_at(11, lr, lr / 10, 4, 16))  # a 16-step run's
+    lr = 3e-3  # the tiny preset's; WSD decays to a tenth of it
+    assert logs[1]["lr"] < lr / 2  # the first run's end: decaying to the floor
+    assert logs[2]["lr"] == pytest.approx(lr)  # a 16-step run's plateau
     assert logs[2]["lr"] > logs[1]["lr"]  # re-warmed after the first run decayed
     assert "max_steps = 16" in (tmp_path / "config.toml").read_text()
 
@@ -83,8 +82,9 @@ def test_a_longer_budget_times_the_first_steps_again_and_adds_a_tail(
     monkeypatch.setattr(loop, "time", FakeClock())
     result = train(MODEL, cfg(minutes=0.05), prepared.shard_dir, tmp_path, threads=1)
     state = torch.load(result.checkpoint / "trainer_state.pt", weights_only=True)
-    first, (start, total) = state["plans"]
+    first, (start, total), *refits = state["plans"]  # refits: shortened to the time left
     assert first == [0, 8] and 8 < start < result.step <= total
+    assert all(start < s < t <= total for s, t in refits) and result.step == state["total_steps"]
     lrs = [r["lr"] for r in _logs(tmp_path)]  # lrs[i]: step i's
     assert lrs[start - 1] == pytest.approx(3e-4)  # the timed steps stay at the floor ...
     assert lrs[start] > lrs[start - 1]  # ... and the new plan re-warms from there

@@ -1,6 +1,8 @@
 """Muon: Newton–Schulz against an SVD reference, two steps against a hand-written one, and
 training, resuming and refusing through the trainer."""
 
+import types
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -71,7 +73,22 @@ def _reference_muon_step(w, g, buffer, lr, mu, wd):
     return w * (1 - lr * wd) - lr * scale * x, buffer
 
 
-def test_two_steps_match_a_hand_written_reference():
+def test_newton_schulz_runs_in_bf16_only_where_bf16_is_fast(monkeypatch):
+    from lmforge.device.capability import profile_capability
+    from lmforge.train import muon
+
+    assert muon.ns_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(muon, "cpu_capability", lambda: profile_capability("avx2"))
+    assert muon.ns_dtype(torch.device("cpu")) == torch.float32  # emulated bf16 is slow
+    fast = types.SimpleNamespace(fast_bf16=lambda: True)  # bf16 measured fast
+    monkeypatch.setattr(muon, "cpu_capability", lambda: fast)
+    assert muon.ns_dtype(torch.device("cpu")) == torch.bfloat16
+
+
+def test_two_steps_match_a_hand_written_reference(monkeypatch):
+    from lmforge.train import muon
+
+    monkeypatch.setattr(muon, "ns_dtype", lambda device: torch.float32)  # the exact arithmetic
     torch.manual_seed(1)
     model = Transformer(MODEL)
     opt = build_optimizer(model, 1e-2, (0.9, 0.95), 0.1, optimizer="muon", muon_lr=0.05)

@@ -1,0 +1,181 @@
+"""Choose the shape a wall-clock budget buys on this machine.
+
+1. Predict each ladder shape's step time from its FLOPs, at the FLOP rate of one timed shape.
+2. Predict each shape's final bits per byte from the scaling rule at the tokens its predicted
+   speed fits in the budget; time the most promising few for real.
+3. Keep the timed shape with the lowest predicted bpb at its measured speed.
+
+The timing spends part of the budget, so the training minutes are what is left after it. The
+decision (every candidate's predicted and measured speed, and why the winner won) is a
+`Sizing`, saved in the run folder so a resumed run keeps its shape and its budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lmforge.config import RunConfig
+from lmforge.model import ModelConfig
+from lmforge.parallel.world import world_size_from_env
+from lmforge.recipe.scaling import ScalingRule, load_rule
+from lmforge.recipe.shapes import LADDER, Shape
+from lmforge.tokens import read_meta
+from lmforge.train.config import TrainConfig
+
+TIMED = 3  # shapes timed for real: the best few by prediction
+REFERENCE = "d256-l4"  # the shape timed first, whose FLOP rate predicts the others
+
+
+@dataclass
+class Candidate:
+    shape: str
+    params: int
+    predicted_tokens_per_s: float
+    predicted_bpb: float
+    measured_tokens_per_s: float | None = None
+    bpb_at_measured: float | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.measured_tokens_per_s or self.predicted_tokens_per_s
+
+
+@dataclass
+class Sizing:
+    chosen: str
+    budget_s: float
+    sizing_s: float  # spent timing shapes, out of the budget
+    train_minutes: float
+    tokens: int  # what the chosen shape's measured speed fits in the training minutes
+    candidates: list[Candidate] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        timed = sorted(
+            (c for c in self.candidates if c.bpb_at_measured is not None),
+            key=lambda c: c.bpb_at_measured,
+        )
+        best, others = timed[0], timed[1:]
+        rest = "; ".join(
+            f"{c.shape} {c.params / 1e6:.1f}M: {c.bpb_at_measured:.3f}" for c in others
+        )
+        return (
+            f"{best.shape} ({best.params / 1e6:.1f}M parameters) has the lowest predicted "
+            f"bpb, {best.bpb_at_measured:.3f}, for the {self.tokens / 1e6:.2f}M tokens "
+            f"{self.train_minutes:.1f} min hold at its measured {best.tokens_per_s:,.0f} "
+            f"tokens/s" + (f" (timed beside it: {rest})" if rest else "")
+        )
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Sizing:
+        data = json.loads(path.read_text())
+        data["candidates"] = [Candidate(**c) for c in data["candidates"]]
+        return cls(**data)
+
+
+def flops_per_token(shape: Shape, vocab_size: int, seq_len: int) -> float:
+    """Training FLOPs per token, as Transformer.flops_per_token counts them."""
+    return 6 * shape.params(vocab_size) + 12 * shape.n_layers * shape.d_model * seq_len
+
+
+def choose_shape(
+    base: ModelConfig,
+    cfg: TrainConfig,
+    budget_s: float,
+    seconds_per_step: Callable[[ModelConfig], float],
+    rule: ScalingRule | None = None,
+    ladder: tuple[Shape, ...] = LADDER,
+) -> Sizing:
+    """The ladder shape whose predicted final bpb in `budget_s` is lowest; `seconds_per_step`
+    times a model config's real training steps (recipe.timing, or a fake in tests)."""
+    rule = rule or load_rule()
+    started = time.monotonic()
+    tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
+    vocab = base.vocab_size
+
+    def tokens_per_s(shape: Shape) -> float:
+        return tokens_per_step / seconds_per_step(shape.model_config(base))
+
+    reference = next((s for s in ladder if s.name == REFERENCE), ladder[len(ladder) // 2])
+    measured = {reference.name: tokens_per_s(reference)}
+    rate = measured[reference.name] * flops_per_token(reference, vocab, cfg.seq_len)
+    left = budget_s - (time.monotonic() - started)
+    candidates = [
+        Candidate(
+            s.name,
+            s.params(vocab),
+            rate / flops_per_token(s, vocab, cfg.seq_len),
+            rule.bpb(s.params(vocab), left * rate / flops_per_token(s, vocab, cfg.seq_len)),
+        )
+        for s in ladder
+    ]
+    by_prediction = sorted(candidates, key=lambda c: c.predicted_bpb)
+    for c in by_prediction[:TIMED]:
+        if c.shape not in measured:
+            measured[c.shape] = tokens_per_s(next(s for s in ladder if s.name == c.shape))
+    sizing_s = time.monotonic() - started
+    train_s = max(budget_s - sizing_s, 0.0)
+    for c in candidates:
+        if c.shape in measured:
+            c.measured_tokens_per_s = measured[c.shape]
+            c.bpb_at_measured = rule.bpb(c.params, train_s * measured[c.shape])
+    best = min((c for c in candidates if c.bpb_at_measured is not None),
+               key=lambda c: c.bpb_at_measured)  # fmt: skip
+    return Sizing(
+        best.shape,
+        budget_s,
+        sizing_s,
+        train_s / 60,
+        int(train_s * best.tokens_per_s),
+        candidates,
+    )
+
+
+def sized_model(base: ModelConfig, sizing: Sizing, ladder: tuple[Shape, ...] = LADDER):
+    """`base` at the chosen shape."""
+    return next(s for s in ladder if s.name == sizing.chosen).model_config(base)
+
+
+def sized_train(cfg: TrainConfig, sizing: Sizing) -> TrainConfig:
+    """`cfg` with the minutes the timing left."""
+    return dataclasses.replace(cfg, minutes=sizing.train_minutes, max_steps=0)
+
+
+SIZING_FILE = "sizing.json"
+
+
+def size_run(cfg: RunConfig, shard_dir: str | Path, out: Path) -> tuple[RunConfig, Sizing | None]:
+    """`cfg` at the shape its budget buys (a `size_to_budget` run with a time budget, on one
+    process), deciding once per run folder: a resumed run reads `sizing.json` back."""
+    if not cfg.size_to_budget or cfg.train.max_steps or world_size_from_env() > 1:
+        return cfg, None
+    from lmforge.recipe.timing import seconds_per_step  # imports torch
+
+    base = dataclasses.replace(cfg.model, vocab_size=read_meta(shard_dir).vocab_size)
+    path = out / SIZING_FILE
+    sizing = Sizing.load(path) if path.is_file() else None
+    if sizing is None or sizing.budget_s != cfg.train.minutes * 60:
+        print(f"sizing: timing candidate shapes for a {cfg.train.minutes:g} min budget")
+        sizing = choose_shape(
+            base,
+            cfg.train,
+            cfg.train.minutes * 60,
+            lambda model: seconds_per_step(model, cfg.train, shard_dir),
+        )
+        sizing.save(path)
+    print(f"sizing: {sizing.reason}")
+    sized = dataclasses.replace(
+        cfg, model=sized_model(base, sizing), train=sized_train(cfg.train, sizing)
+    )
+    return sized, sizing

@@ -1,0 +1,132 @@
+"""The self-sizing recipe: the rule's fit, the shape choice, the decision kept per run folder."""
+
+import dataclasses
+import math
+
+import pytest
+
+from lmforge.config import load_config
+from lmforge.model import ModelConfig
+from lmforge.recipe.scaling import ScalingRule, fit, load_rule
+from lmforge.recipe.shapes import LADDER, shape
+from lmforge.recipe.sizing import Sizing, choose_shape, flops_per_token, sized_model
+from lmforge.train.config import TrainConfig
+
+BASE = ModelConfig(vocab_size=4096, max_seq_len=256)
+TRAIN = TrainConfig(batch_size=16, seq_len=256, minutes=8.0)
+RULE = ScalingRule(E=0.8, A=40.0, alpha=0.3, B=300.0, beta=0.35)
+
+
+def test_the_fit_recovers_a_rule_from_its_own_points():
+    params = [s.params(4096) for s in LADDER for _ in range(4)]
+    tokens = [t for _ in LADDER for t in (3e5, 1e6, 3e6, 1e7)]
+    bpb = [RULE.bpb(n, d) for n, d in zip(params, tokens, strict=True)]
+    rule = fit(params, tokens, bpb)
+    assert rule.rms_error < 1e-3 and rule.points == len(bpb)
+    for n, d in [(1e6, 2e6), (5e6, 5e6)]:
+        assert rule.bpb(n, d) == pytest.approx(RULE.bpb(n, d), abs=5e-3)
+
+
+def test_the_shipped_rule_prefers_more_tokens_and_more_parameters():
+    rule = load_rule()
+    assert rule.points >= 12 and rule.rms_error < 0.1
+    assert rule.bpb(4e6, 4e6) < rule.bpb(4e6, 1e6) and rule.bpb(4e6, 4e6) < rule.bpb(1e6, 4e6)
+
+
+def _timer(flop_rate: float, overhead_s: float = 0.0, timed: list | None = None):
+    """A fake machine: a step costs its FLOPs at `flop_rate`, plus a fixed overhead."""
+
+    def seconds_per_step(model: ModelConfig) -> float:
+        if timed is not None:
+            timed.append(model.d_model)
+        s = next(s for s in LADDER if s.d_model == model.d_model)
+        tokens = TRAIN.batch_size * TRAIN.seq_len
+        return flops_per_token(s, BASE.vocab_size, TRAIN.seq_len) * tokens / flop_rate + overhead_s
+
+    return seconds_per_step
+
+
+def test_a_faster_machine_or_a_longer_budget_buys_a_bigger_shape():
+    slow = choose_shape(BASE, TRAIN, 60, _timer(2e10), RULE)
+    fast = choose_shape(BASE, TRAIN, 1800, _timer(2e11), RULE)
+    assert shape(fast.chosen).params(4096) > shape(slow.chosen).params(4096)
+    for sizing in (slow, fast):  # the winner is the best of the timed, by the rule at its speed
+        timed = [c for c in sizing.candidates if c.measured_tokens_per_s]
+        best = min(timed, key=lambda c: RULE.bpb(c.params, sizing.budget_s * c.tokens_per_s))
+        assert sizing.chosen == best.shape
+        assert sizing.tokens == pytest.approx(best.tokens_per_s * sizing.train_minutes * 60, 1e-6)
+
+
+def test_it_times_a_few_shapes_not_the_whole_ladder_and_says_why():
+    timed = []
+    sizing = choose_shape(BASE, TRAIN, 480, _timer(5e10, timed=timed), RULE)
+    assert 1 <= len(timed) <= 4 and len(set(timed)) == len(timed)
+    assert len(sizing.candidates) == len(LADDER)
+    assert sizing.chosen in sizing.reason and "tokens/s" in sizing.reason
+    assert sizing.train_minutes <= 8.0 and sizing.budget_s == 480
+
+
+def test_overheads_the_flop_count_misses_are_measured_not_predicted():
+    # Small shapes dominated by a fixed per-step cost: the prediction favours them, the
+    # measurement does not, and the measurement decides.
+    sizing = choose_shape(BASE, TRAIN, 300, _timer(5e10, overhead_s=0.5), RULE)
+    chosen = next(c for c in sizing.candidates if c.shape == sizing.chosen)
+    assert chosen.measured_tokens_per_s < chosen.predicted_tokens_per_s
+
+
+def test_the_decision_round_trips_through_its_file(tmp_path):
+    sizing = choose_shape(BASE, TRAIN, 480, _timer(5e10), RULE)
+    sizing.save(tmp_path / "sizing.json")
+    again = Sizing.load(tmp_path / "sizing.json")
+    assert again == sizing and again.reason == sizing.reason
+    model = sized_model(BASE, again)
+    assert model.d_model == shape(again.chosen).d_model and model.vocab_size == 4096
+    assert model.head_dim == 64
+
+
+def test_the_default_preset_sizes_itself_and_a_named_preset_pins_its_shape():
+    assert load_config().size_to_budget and load_config().name == "auto"
+    assert not load_config("small").size_to_budget
+    auto, small = load_config(), load_config("small")
+    assert dataclasses.replace(auto, name="small", size_to_budget=False) == small
+
+
+def test_shape_params_match_the_model():
+    torch = pytest.importorskip("torch")
+    from lmforge.model import Transformer
+
+    for s in LADDER[:4]:
+        model = Transformer(s.model_config(BASE))
+        assert s.params(4096) == model.num_params(exclude_embeddings=True)
+        assert flops_per_token(s, 4096, 256) == model.flops_per_token(256)
+    del torch
+    assert math.isfinite(RULE.bpb(1e6, 1e6))
+
+
+def test_a_run_folder_sizes_once_and_a_resumed_run_reads_the_decision_back(
+    prepared, tmp_path, monkeypatch
+):
+    import lmforge.recipe.timing as timing
+    from lmforge.recipe import sizing as sizing_module
+
+    calls = []
+
+    def fake_seconds(model, cfg, shard_dir, steps=3):
+        calls.append(model.d_model)
+        return model.d_model / 1000  # wider is slower
+
+    monkeypatch.setattr(timing, "seconds_per_step", fake_seconds)
+    monkeypatch.setattr(sizing_module, "load_rule", lambda: RULE)
+    cfg = dataclasses.replace(load_config(), train=dataclasses.replace(TRAIN, minutes=2.0))
+    sized, decision = sizing_module.size_run(cfg, prepared.shard_dir, tmp_path)
+    assert calls and (tmp_path / "sizing.json").is_file()
+    assert sized.model.d_model == shape(decision.chosen).d_model
+    assert sized.model.vocab_size == 320  # the shards' vocabulary
+    assert sized.train.minutes == pytest.approx(decision.train_minutes) and sized.train.minutes <= 2
+    calls.clear()
+    again, reread = sizing_module.size_run(cfg, prepared.shard_dir, tmp_path)
+    assert not calls and reread == decision and again == sized  # resumed: no timing, same shape
+    pinned = dataclasses.replace(cfg, size_to_budget=False)
+    assert sizing_module.size_run(pinned, prepared.shard_dir, tmp_path) == (pinned, None)
+    stepped = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=10))
+    assert sizing_module.size_run(stepped, prepared.shard_dir, tmp_path)[1] is None
