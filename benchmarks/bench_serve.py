@@ -12,9 +12,9 @@ run interleaved for several repetitions; rates are medians, ratios the median of
 within a repetition, latencies pooled.
 
 The model is the speedrun's `small` shape (vocab 4096, d_model 256, 4 layers, context 256)
-with random weights, or `--checkpoint` (e.g. runs/small). Writes benchmarks/results/serve.json.
+with random weights, or `--checkpoint` (e.g. runs/auto). Writes benchmarks/results/serve.json.
 
-    python benchmarks/bench_serve.py [--checkpoint runs/small] [--reps 5] [--requests 32]
+    python benchmarks/bench_serve.py [--checkpoint runs/auto] [--reps 5] [--requests 32]
 """
 
 from __future__ import annotations

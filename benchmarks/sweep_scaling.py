@@ -103,18 +103,25 @@ def sweep_shape(name, budgets, optimizer, per_step, shard_dir, vocab, work, reco
         record(r)
 
 
-def load_points() -> list[dict]:
-    return json.loads(RESULTS.read_text())["points"] if RESULTS.exists() else []
+def load_results() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"points": []}
 
 
-def save_points(points: list[dict], machine: str) -> None:
+def save_results(results: dict) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS.with_name(RESULTS.name + ".tmp")
-    tmp.write_text(json.dumps({"machine": machine, "points": points}, indent=1) + "\n")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmp, RESULTS)
 
 
-def fit_and_plot(points: list[dict]) -> None:
+def minutes(point: dict, timing: dict) -> float:
+    """The wall-clock minutes a point's steps take here at the quiet re-timed speed (else the
+    speed its sweep measured before training)."""
+    return point["steps"] * timing.get(point["shape"], point["seconds_per_step"]) / 60
+
+
+def fit_and_plot(results: dict) -> None:
+    points, timing = results["points"], results.get("timing", {})
     used = [p for p in points if p["optimizer"] == "muon"]
     rule = fit([p["params"] for p in used], [p["tokens"] for p in used],
                [p["val_bpb"] for p in used])  # fmt: skip
@@ -137,14 +144,14 @@ def fit_and_plot(points: list[dict]) -> None:
                   label=f"{name} ({n / 1e6:.1f}M)")  # fmt: skip
         d = np.geomspace(min(p["tokens"] for p in used) / 2, max(p["tokens"] for p in used) * 2)
         ax_d.plot(d, [rule.bpb(n, x) for x in d], "-", color=color, alpha=0.6)
-        ax_n.plot([p["budget_minutes"] for p in pts], [p["val_bpb"] for p in pts], "o-",
+        ax_n.plot([minutes(p, timing) for p in pts], [p["val_bpb"] for p in pts], "o-",
                   color=color, label=name)  # fmt: skip
     for p in points:
         if p["optimizer"] != "muon":
-            ax_n.plot(p["budget_minutes"], p["val_bpb"], "x", color="red")
+            ax_n.plot(minutes(p, timing), p["val_bpb"], "x", color="red")
     ax_d.set(xscale="log", xlabel="tokens trained (D)", ylabel="validation bits per byte",
              title="sweep points and the fitted rule")  # fmt: skip
-    ax_n.set(xscale="log", xlabel="budget on this machine (minutes)", ylabel="bits per byte",
+    ax_n.set(xscale="log", xlabel="training minutes on this machine", ylabel="bits per byte",
              title="by wall-clock budget (x: AdamW)")  # fmt: skip
     ax_d.legend(fontsize=7)
     ax_n.legend(fontsize=7)
@@ -159,9 +166,24 @@ def main() -> None:
     p.add_argument("--budgets", default="1,2,4,8", help="minutes, each double the one before")
     p.add_argument("--optimizer", default="muon")
     p.add_argument("--fit-only", action="store_true")
+    p.add_argument(
+        "--retime", action="store_true", help="time the swept shapes again (quietly), then refit"
+    )
     args = p.parse_args()
-    points = load_points()
-    if not args.fit_only:
+    results = load_results()
+    points = results["points"]
+    if args.retime:
+        cfg = small()
+        prepared = prepare_corpus(cfg.data, cfg.tokenizer, cache_root(cfg))
+        vocab = read_meta(prepared.shard_dir).vocab_size
+        train_cfg = recipe_train_config("muon")
+        results["timing"] = {
+            name: seconds_per_step(shape_config(name, vocab), train_cfg, prepared.shard_dir, 5)
+            for name in sorted({p["shape"] for p in points})
+        }
+        print(f"seconds per step: {results['timing']}")
+        save_results(results)
+    elif not args.fit_only:
         cfg = small()
         prepared = prepare_corpus(cfg.data, cfg.tokenizer, cache_root(cfg))
         vocab = read_meta(prepared.shard_dir).vocab_size
@@ -183,14 +205,15 @@ def main() -> None:
                 def record(r):
                     points[:] = [q for q in points if (q["shape"], q["optimizer"], q["steps"])
                                  != (r["shape"], r["optimizer"], r["steps"])] + [r]  # fmt: skip
-                    save_points(points, f"{machine}, {torch.get_num_threads()} threads")
+                    results["machine"] = f"{machine}, {torch.get_num_threads()} threads"
+                    save_results(results)
 
                 sweep_shape(name, budgets, args.optimizer, speeds[name], prepared.shard_dir, vocab,
                             work, record)  # fmt: skip
         finally:
             loop.save_checkpoint = real_save
             shutil.rmtree(work, ignore_errors=True)
-    fit_and_plot(points)
+    fit_and_plot(results)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def pretrain(
         shard_dir = prepared.shard_dir
     elif _rank() == 0:  # under torchrun, rank 0 alone claims the folder
         claim_run_dir(cfg, out, fresh)
-    cfg, _ = size_run(cfg, shard_dir, out)
+    cfg, sizing = size_run(cfg, shard_dir, out, requested_threads(threads)[0])
+    threads = threads or (sizing.threads if sizing else None)
     documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
     run_config = {**to_dict(cfg), TRAINED_ON: data_record(shard_dir, documents)}
     result = train(cfg.model, cfg.train, shard_dir, out, run_config=run_config, threads=threads)
@@ -160,10 +161,11 @@ def speedrun(
     cfg.validate()
     requested_threads(threads)
     prepared = prepare_once(cfg, out, fresh, out)
-    cfg, sizing = size_run(cfg, prepared.shard_dir, out)
+    cfg, sizing = size_run(cfg, prepared.shard_dir, out, requested_threads(threads)[0])
     trained_on = data_record(prepared.shard_dir, cfg.data.path or "stdlib")
     run_config = {**to_dict(cfg), TRAINED_ON: trained_on}
     before = load.sample()
+    threads = threads or (sizing.threads if sizing else None)
     result = train(
         cfg.model, cfg.train, prepared.shard_dir, out, run_config=run_config, threads=threads
     )

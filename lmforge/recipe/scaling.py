@@ -62,13 +62,16 @@ def fit(params: list[float], tokens: list[float], bpb: list[float]) -> ScalingRu
 
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with A, B >= 0 (E free): the plain solution, else the best with some of
-    them fixed at zero (three columns: every subset is cheap to try)."""
-    best, best_err = None, np.inf
-    for keep in ([0, 1, 2], [0, 1], [0, 2], [0]):
+    """Least squares with E, A, B >= 0: the plain solution, else the best with some of them
+    fixed at zero (three columns: every subset is cheap to try)."""
+    best, best_err = np.zeros(3), np.inf
+    for keep in itertools.chain.from_iterable(
+        itertools.combinations(range(3), k) for k in (3, 2, 1)
+    ):
+        keep = list(keep)
         coef = np.zeros(3)
         coef[keep] = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
-        if (coef[1:] < 0).any():
+        if (coef < 0).any():
             continue
         err = float(np.sum((x @ coef - y) ** 2))
         if err < best_err:

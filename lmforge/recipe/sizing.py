@@ -54,6 +54,7 @@ class Sizing:
     train_minutes: float
     tokens: int  # what the chosen shape's measured speed fits in the training minutes
     candidates: list[Candidate] = field(default_factory=list)
+    threads: int | None = None  # the CPU threads the shapes were timed at, training's too
 
     @property
     def reason(self) -> str:
@@ -155,27 +156,45 @@ def sized_train(cfg: TrainConfig, sizing: Sizing) -> TrainConfig:
 SIZING_FILE = "sizing.json"
 
 
-def size_run(cfg: RunConfig, shard_dir: str | Path, out: Path) -> tuple[RunConfig, Sizing | None]:
+def size_run(
+    cfg: RunConfig, shard_dir: str | Path, out: Path, threads: int | None = None
+) -> tuple[RunConfig, Sizing | None]:
     """`cfg` at the shape its budget buys (a `size_to_budget` run with a time budget, on one
-    process), deciding once per run folder: a resumed run reads `sizing.json` back."""
+    process), deciding once per run folder: a resumed run reads `sizing.json` back.
+
+    Shapes are timed at `threads` CPU threads, else at the count a thread trial on the
+    reference shape finds fastest (left set: training then uses it, see `Sizing.threads`)."""
     if not cfg.size_to_budget or cfg.train.max_steps or world_size_from_env() > 1:
         return cfg, None
-    from lmforge.recipe.timing import seconds_per_step  # imports torch
+    from lmforge.recipe import timing  # imports torch
 
     base = dataclasses.replace(cfg.model, vocab_size=read_meta(shard_dir).vocab_size)
     path = out / SIZING_FILE
     sizing = Sizing.load(path) if path.is_file() else None
     if sizing is None or sizing.budget_s != cfg.train.minutes * 60:
         print(f"sizing: timing candidate shapes for a {cfg.train.minutes:g} min budget")
+        started = time.monotonic()
+        reference = next(s for s in LADDER if s.name == REFERENCE).model_config(base)
+        if threads is None and cfg.train.device in ("auto", "cpu"):
+            print(f"sizing: threads {timing.choose_threads(reference, cfg.train, shard_dir)}")
+        count = threads or _torch_threads()
         sizing = choose_shape(
             base,
             cfg.train,
-            cfg.train.minutes * 60,
-            lambda model: seconds_per_step(model, cfg.train, shard_dir),
+            cfg.train.minutes * 60 - (time.monotonic() - started),
+            lambda model: timing.seconds_per_step(model, cfg.train, shard_dir, threads=count),
         )
+        sizing.budget_s, sizing.threads = cfg.train.minutes * 60, count
+        sizing.sizing_s = time.monotonic() - started
         sizing.save(path)
     print(f"sizing: {sizing.reason}")
     sized = dataclasses.replace(
         cfg, model=sized_model(base, sizing), train=sized_train(cfg.train, sizing)
     )
     return sized, sizing
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from lmforge.model import ModelConfig, Transformer
+from lmforge.threads import ThreadTrial, using_threads
 from lmforge.train.batches import make_batches
 from lmforge.train.compose import compose
 from lmforge.train.config import TrainConfig
@@ -21,39 +22,70 @@ from lmforge.train.step import train_step
 WARM_STEPS = 2  # paid once per shape (allocations, oneDNN's weight packing): never timed
 
 
+class StepTimer:
+    """A fresh model of `model_config` trained as `cfg` says on the CPU, one timed step at a
+    time; thrown away after."""
+
+    def __init__(self, model_config: ModelConfig, cfg: TrainConfig, shard_dir: str | Path):
+        self.device = torch.device("cpu")
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        precision = make_precision(cfg.precision, self.device, cfg.cast_module)
+        model = Transformer(model_config)
+        self.model = compose(model, precision, self.device, cfg.activation_checkpointing,
+                             cfg.compile)  # fmt: skip
+        self.optimizer = build_optimizer(
+            model, cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, cfg.fused_adamw,
+            cfg.optimizer, cfg.muon_lr, cfg.muon_momentum,
+        )  # fmt: skip
+        self.guard = NonFiniteGuard(self.device, cfg.max_bad_steps)
+        self.batches = make_batches(cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed)
+        self.model.compute.train()
+        self.steps = 0
+
+    def step(self) -> float:
+        cfg, t0 = self.cfg, time.perf_counter()
+        result = train_step(
+            self.model, self.optimizer, self.guard, self.batches, self.steps, cfg.lr,
+            cfg.grad_accum_steps, cfg.grad_clip, self.device,
+        )  # fmt: skip
+        float(result.loss)  # wait for the step
+        self.steps += 1
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.batches.close()
+
+
 def seconds_per_step(
-    model_config: ModelConfig, cfg: TrainConfig, shard_dir: str | Path, steps: int = 3
+    model_config: ModelConfig,
+    cfg: TrainConfig,
+    shard_dir: str | Path,
+    steps: int = 3,
+    threads: int | None = None,
 ) -> float:
-    """The median time of `steps` optimizer steps (after WARM_STEPS untimed ones) of a fresh
-    model of `model_config` trained as `cfg` says on the CPU; the model is thrown away."""
-    device = torch.device("cpu")
-    torch.manual_seed(cfg.seed)
-    precision = make_precision(cfg.precision, device, cfg.cast_module)
-    model = Transformer(model_config)
-    composed = compose(model, precision, device, cfg.activation_checkpointing, cfg.compile)
-    optimizer = build_optimizer(
-        model,
-        cfg.lr,
-        (cfg.beta1, cfg.beta2),
-        cfg.weight_decay,
-        cfg.fused_adamw,
-        cfg.optimizer,
-        cfg.muon_lr,
-        cfg.muon_momentum,
-    )
-    guard = NonFiniteGuard(device, cfg.max_bad_steps)
-    batches = make_batches(cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed)
-    composed.compute.train()
-    times = []
-    try:
-        for step in range(WARM_STEPS + steps):
-            t0 = time.perf_counter()
-            result = train_step(
-                composed, optimizer, guard, batches, step, cfg.lr, cfg.grad_accum_steps,
-                cfg.grad_clip, device,
-            )  # fmt: skip
-            float(result.loss)  # wait for the step
-            times.append(time.perf_counter() - t0)
-    finally:
-        batches.close()
+    """The median time of `steps` optimizer steps (after WARM_STEPS untimed ones) at `threads`
+    CPU threads (default: the current count)."""
+    with using_threads(threads or torch.get_num_threads()):
+        timer = StepTimer(model_config, cfg, shard_dir)
+        try:
+            times = [timer.step() for _ in range(WARM_STEPS + steps)]
+        finally:
+            timer.close()
     return statistics.median(times[WARM_STEPS:])
+
+
+def choose_threads(model_config: ModelConfig, cfg: TrainConfig, shard_dir: str | Path) -> str:
+    """Set torch's thread count to the fastest for this shape's steps (lmforge.threads'
+    trial: all threads, then halvings while faster); return the trial's evidence."""
+    trial = ThreadTrial(torch.get_num_threads())
+    timer = StepTimer(model_config, cfg, shard_dir)
+    try:
+        timer.step()  # one-off costs
+        while trial.chosen is None:
+            torch.set_num_threads(trial.threads)
+            trial.record(timer.step())
+    finally:
+        timer.close()
+    torch.set_num_threads(trial.threads)
+    return trial.describe()

@@ -1,9 +1,10 @@
 """The training loop: batches in, optimizer steps, periodic validation, metrics and checkpoints out.
 
 One loop serves every command that trains. It runs for `max_steps`, or for a wall-clock budget
-(`minutes`): then the first steps are timed once and the step count that fits the budget is
-fixed, so the learning-rate schedule stays a pure function of the step and a resumed run
-continues the same schedule. A resumed run given more steps (or a new budget) continues on a
+(`minutes`): then the first steps are timed and the step count that fits the budget is fixed;
+a WSD run re-fits it to the time actually left as it goes (budget.py), so a slowed machine still
+gets a full decay. Every change is a plan saved with the checkpoints (schedule.py), so the
+learning rate stays a pure function of the step and a resumed run repeats it. A resumed run given more steps (or a new budget) continues on a
 new schedule tail (schedule.py), finished or not. On a CPU the first steps also choose the
 thread count (lmforge.threads) unless one is given. How a step computes (precision,
 activation checkpointing, compile) is composed in compose.py and run by step.py; the host reads

@@ -54,7 +54,7 @@ def test_a_faster_machine_or_a_longer_budget_buys_a_bigger_shape():
         timed = [c for c in sizing.candidates if c.measured_tokens_per_s]
         best = min(timed, key=lambda c: RULE.bpb(c.params, sizing.budget_s * c.tokens_per_s))
         assert sizing.chosen == best.shape
-        assert sizing.tokens == pytest.approx(best.tokens_per_s * sizing.train_minutes * 60, 1e-6)
+        assert sizing.tokens == int(best.tokens_per_s * sizing.train_minutes * 60)
 
 
 def test_it_times_a_few_shapes_not_the_whole_ladder_and_says_why():
@@ -111,15 +111,17 @@ def test_a_run_folder_sizes_once_and_a_resumed_run_reads_the_decision_back(
 
     calls = []
 
-    def fake_seconds(model, cfg, shard_dir, steps=3):
+    def fake_seconds(model, cfg, shard_dir, steps=3, threads=None):
         calls.append(model.d_model)
         return model.d_model / 1000  # wider is slower
 
     monkeypatch.setattr(timing, "seconds_per_step", fake_seconds)
+    monkeypatch.setattr(timing, "choose_threads", lambda *a: calls.append("trial") or "1")
     monkeypatch.setattr(sizing_module, "load_rule", lambda: RULE)
     cfg = dataclasses.replace(load_config(), train=dataclasses.replace(TRAIN, minutes=2.0))
     sized, decision = sizing_module.size_run(cfg, prepared.shard_dir, tmp_path)
-    assert calls and (tmp_path / "sizing.json").is_file()
+    assert calls[0] == "trial" and (tmp_path / "sizing.json").is_file()
+    assert decision.threads >= 1 and decision.budget_s == 120
     assert sized.model.d_model == shape(decision.chosen).d_model
     assert sized.model.vocab_size == 320  # the shards' vocabulary
     assert sized.train.minutes == pytest.approx(decision.train_minutes) and sized.train.minutes <= 2
@@ -130,3 +132,19 @@ def test_a_run_folder_sizes_once_and_a_resumed_run_reads_the_decision_back(
     assert sizing_module.size_run(pinned, prepared.shard_dir, tmp_path) == (pinned, None)
     stepped = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=10))
     assert sizing_module.size_run(stepped, prepared.shard_dir, tmp_path)[1] is None
+
+
+def test_timing_runs_real_steps_and_the_thread_trial_leaves_its_choice_set(prepared):
+    torch = pytest.importorskip("torch")
+    from lmforge.recipe import timing
+
+    model = ModelConfig(vocab_size=320, d_model=32, n_layers=1, n_heads=1, max_seq_len=32)
+    cfg = TrainConfig(batch_size=2, seq_len=32, max_steps=1, optimizer="muon")
+    before = torch.get_num_threads()
+    try:
+        assert 0 < timing.seconds_per_step(model, cfg, prepared.shard_dir, steps=2, threads=1)
+        assert torch.get_num_threads() == before  # restored
+        evidence = timing.choose_threads(model, cfg, prepared.shard_dir)
+        assert "ms per step" in evidence and 1 <= torch.get_num_threads() <= before
+    finally:
+        torch.set_num_threads(before)
