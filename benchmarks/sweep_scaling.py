@@ -124,7 +124,7 @@ def fit_and_plot(results: dict) -> None:
     points, timing = results["points"], results.get("timing", {})
     used = [p for p in points if p["optimizer"] == "muon"]
     rule = fit([p["params"] for p in used], [p["tokens"] for p in used],
-               [p["val_bpb"] for p in used])  # fmt: skip
+               [p["val_bpb"] for p in used], [p["shape"] for p in used])  # fmt: skip
     rule.save(RULE_FILE)
     print(f"rule: bpb = {rule.E:.3f} + {rule.A:.4g}/N^{rule.alpha} + {rule.B:.4g}/D^{rule.beta}"
           f" (rms {rule.rms_error:.4f} over {rule.points} points) -> {RULE_FILE}")  # fmt: skip

@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 RULE_FILE = Path(__file__).with_name("scaling_rule.json")
+EXTRAPOLATION = 2.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class ScalingRule:
     beta: float
     rms_error: float = 0.0  # of the fit, in bits per byte
     points: int = 0
+    swept_tokens: dict[str, int] = field(default_factory=dict)  # per shape, the most swept
+
+    def trusted(self, shape: str, tokens: float) -> bool:
+        """Whether `tokens` for `shape` lies within EXTRAPOLATION times the sweep's longest run
+        of it: beyond, the rule has not seen the shape saturate (a small model's loss stops
+        falling long before the power law says)."""
+        return shape in self.swept_tokens and tokens <= EXTRAPOLATION * self.swept_tokens[shape]
 
     def bpb(self, params: float, tokens: float) -> float:
         return self.E + self.A / params**self.alpha + self.B / tokens**self.beta
@@ -46,8 +54,10 @@ def load_rule(path: Path = RULE_FILE) -> ScalingRule:
     return ScalingRule(**json.loads(path.read_text()))
 
 
-def fit(params: list[float], tokens: list[float], bpb: list[float]) -> ScalingRule:
-    """The least-squares rule through (N, D, bpb) points."""
+def fit(
+    params: list[float], tokens: list[float], bpb: list[float], shapes: list[str] = ()
+) -> ScalingRule:
+    """The least-squares rule through (N, D, bpb) points (of `shapes`, when named)."""
     n, d, y = (np.asarray(v, dtype=np.float64) for v in (params, tokens, bpb))
     best = None
     exponents = np.round(np.arange(0.02, 1.0001, 0.01), 2)
@@ -58,7 +68,12 @@ def fit(params: list[float], tokens: list[float], bpb: list[float]) -> ScalingRu
         if best is None or err < best[0]:
             best = (err, coef, alpha, beta)
     err, (e, a, b), alpha, beta = best
-    return ScalingRule(float(e), float(a), float(alpha), float(b), float(beta), err, len(y))
+    swept = {}
+    for shape, t in zip(shapes, tokens, strict=False):
+        swept[shape] = max(swept.get(shape, 0), int(t))
+    return ScalingRule(
+        float(e), float(a), float(alpha), float(b), float(beta), err, len(y), swept
+    )
 
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -5,6 +5,9 @@
    speed fits in the budget; time the most promising few for real.
 3. Keep the timed shape with the lowest predicted bpb at its measured speed.
 
+Only shapes whose tokens stay within twice the sweep's longest run of them compete (the rule
+has not seen a smaller shape saturate beyond that; `ScalingRule.trusted`).
+
 The timing spends part of the budget, so the training minutes are what is left after it. The
 decision (every candidate's predicted and measured speed, and why the winner won) is a
 `Sizing`, saved in the run folder so a resumed run keeps its shape and its budget.
@@ -121,7 +124,8 @@ def choose_shape(
         )
         for s in ladder
     ]
-    by_prediction = sorted(candidates, key=lambda c: c.predicted_bpb)
+    trusted = [c for c in candidates if _trusted(rule, c.shape, left * c.tokens_per_s)]
+    by_prediction = sorted(trusted or candidates, key=lambda c: c.predicted_bpb)
     for c in by_prediction[:TIMED]:
         if c.shape not in measured:
             measured[c.shape] = tokens_per_s(next(s for s in ladder if s.name == c.shape))
@@ -131,8 +135,9 @@ def choose_shape(
         if c.shape in measured:
             c.measured_tokens_per_s = measured[c.shape]
             c.bpb_at_measured = rule.bpb(c.params, train_s * measured[c.shape])
-    best = min((c for c in candidates if c.bpb_at_measured is not None),
-               key=lambda c: c.bpb_at_measured)  # fmt: skip
+    timed = [c for c in candidates if c.bpb_at_measured is not None]
+    eligible = [c for c in timed if _trusted(rule, c.shape, train_s * c.tokens_per_s)]
+    best = min(eligible or timed, key=lambda c: c.bpb_at_measured)
     return Sizing(
         best.shape,
         budget_s,
@@ -141,6 +146,11 @@ def choose_shape(
         int(train_s * best.tokens_per_s),
         candidates,
     )
+
+
+def _trusted(rule: ScalingRule, shape: str, tokens: float) -> bool:
+    """Within the sweep's range for `shape` (a rule without sweep ranges trusts every shape)."""
+    return not rule.swept_tokens or rule.trusted(shape, tokens)
 
 
 def sized_model(base: ModelConfig, sizing: Sizing, ladder: tuple[Shape, ...] = LADDER):

@@ -4,9 +4,9 @@ One loop serves every command that trains. It runs for `max_steps`, or for a wal
 (`minutes`): then the first steps are timed and the step count that fits the budget is fixed;
 a WSD run re-fits it to the time actually left as it goes (budget.py), so a slowed machine still
 gets a full decay. Every change is a plan saved with the checkpoints (schedule.py), so the
-learning rate stays a pure function of the step and a resumed run repeats it. A resumed run given more steps (or a new budget) continues on a
-new schedule tail (schedule.py), finished or not. On a CPU the first steps also choose the
-thread count (lmforge.threads) unless one is given. How a step computes (precision,
+learning rate stays a pure function of the step and a resumed run repeats it. A resumed run
+given more steps (or a new budget) continues on a new schedule tail, finished or not. On a CPU
+the first steps also choose the thread count (lmforge.threads) unless one is given. How a step computes (precision,
 activation checkpointing, compile) is composed in compose.py and run by step.py; the host reads
 values back from the device only on log, evaluation and checkpoint steps.
 
