@@ -71,9 +71,7 @@ def fit(
     swept = {}
     for shape, t in zip(shapes, tokens, strict=False):
         swept[shape] = max(swept.get(shape, 0), int(t))
-    return ScalingRule(
-        float(e), float(a), float(alpha), float(b), float(beta), err, len(y), swept
-    )
+    return ScalingRule(float(e), float(a), float(alpha), float(b), float(beta), err, len(y), swept)
 
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -6,9 +6,10 @@ a WSD run re-fits it to the time actually left as it goes (budget.py), so a slow
 gets a full decay. Every change is a plan saved with the checkpoints (schedule.py), so the
 learning rate stays a pure function of the step and a resumed run repeats it. A resumed run
 given more steps (or a new budget) continues on a new schedule tail, finished or not. On a CPU
-the first steps also choose the thread count (lmforge.threads) unless one is given. How a step computes (precision,
-activation checkpointing, compile) is composed in compose.py and run by step.py; the host reads
-values back from the device only on log, evaluation and checkpoint steps.
+the first steps also choose the thread count (lmforge.threads) unless one is given. How a step
+computes (precision, activation checkpointing, compile) is composed in compose.py and run by
+step.py; the host reads values back from the device only on log, evaluation and checkpoint
+steps.
 
 Under torchrun, `train.parallel` lays the processes out on a device mesh (lmforge.parallel):
 every rank runs this same loop on its share of the global batch, rank 0 alone writes metrics
