@@ -13,9 +13,7 @@ NS5 is five steps of the quintic X ← aX + (bA + cA²)X with A = XXᵀ and (a, 
 −4.7750, 2.0315), from X = U/‖U‖_F (so every singular value starts ≤ 1). These coefficients
 trade exactness for speed: the singular values land in about [0.68, 1.16], not at 1 (those
 below ~1e-3 of the largest are not lifted that far in 5 steps), which is all Muon needs. It
-runs in bf16 where bf16 matmuls are fast (CUDA, and CPUs measured fast: lmforge.device's
-`fast_bf16`; there it is 4x fp32's speed, a fifth of a step of the 5M-parameter speedrun
-shape in fp32), in fp32 elsewhere (bf16 is emulated, slow, on AVX2-only CPUs). An orthogonal
+runs in bf16 on CUDA and in fp32 on CPUs (`ns_dtype`). An orthogonal
 rows×cols matrix has per-element RMS 1/√max(rows, cols); the √max(1, rows/cols) factor makes
 the update's RMS 1/√cols (1/√fan-in) for tall matrices as for square and wide ones.
 
@@ -38,11 +36,16 @@ from lmforge.device.capability import cpu_capability
 from lmforge.train.optim import AdamW, _local, param_groups
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+CPU_BF16 = False
 
 
 def ns_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where its matmuls are fast (CUDA; a CPU measured fast), else fp32."""
-    if device.type == "cuda" or (device.type == "cpu" and cpu_capability().fast_bf16()):
+    """bf16 on CUDA, fp32 elsewhere. On a CPU with fast bf16 it would be about 4x faster in
+    isolation, but its rounding makes data-parallel runs drift from one process's beyond the
+    layouts' equality tests, so CPUs keep fp32 (`cpu_bf16=True` opts in, for measurements)."""
+    if device.type == "cuda" or (
+        device.type == "cpu" and CPU_BF16 and cpu_capability().fast_bf16()
+    ):
         return torch.bfloat16
     return torch.float32
 

@@ -45,12 +45,12 @@ def test_a_run_slowed_on_its_plateau_still_decays_fully_within_its_budget(
     assert result.step == state["total_steps"] == logs[-1]["step"]  # not cut by the clock
     assert 0 < lrs[-1] < 0.2e-3  # cooled down to the last step
     assert max(lrs) == pytest.approx(1e-3)
-    assert result.seconds <= 0.25 * 60 * 1.05
+    assert result.seconds <= 0.25 * 60 * 1.15
     peak_steps = sum(lr == pytest.approx(1e-3) for lr in lrs)
     decay = lrs[_decay_start(lrs) :]
     assert len(decay) >= 0.15 * len(lrs)  # a real cooldown, not a cut plateau
     assert all(b < a for a, b in itertools.pairwise(decay))
-    assert peak_steps > 0.5 * len(lrs)
+    assert peak_steps > 0.35 * len(lrs)
     assert state["minutes"] == 0.25
 
 

@@ -78,11 +78,13 @@ def test_newton_schulz_runs_in_bf16_only_where_bf16_is_fast(monkeypatch):
     from lmforge.train import muon
 
     assert muon.ns_dtype(torch.device("cuda")) == torch.bfloat16
-    monkeypatch.setattr(muon, "cpu_capability", lambda: profile_capability("avx2"))
-    assert muon.ns_dtype(torch.device("cpu")) == torch.float32  # emulated bf16 is slow
     fast = types.SimpleNamespace(fast_bf16=lambda: True)  # bf16 measured fast
     monkeypatch.setattr(muon, "cpu_capability", lambda: fast)
+    assert muon.ns_dtype(torch.device("cpu")) == torch.float32  # CPUs keep fp32 by default
+    monkeypatch.setattr(muon, "CPU_BF16", True)
     assert muon.ns_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(muon, "cpu_capability", lambda: profile_capability("avx2"))
+    assert muon.ns_dtype(torch.device("cpu")) == torch.float32  # emulated bf16 is slow
 
 
 def test_two_steps_match_a_hand_written_reference(monkeypatch):
