@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import threading
 
 
 def default_workers() -> int:
@@ -15,7 +16,16 @@ def default_workers() -> int:
 
 
 def context() -> mp.context.BaseContext:
-    """fork on Linux (workers start in milliseconds and need only plain data, no threads or
-    devices), spawn elsewhere, where fork is unsafe or missing."""
-    method = "fork" if sys.platform == "linux" and "fork" in mp.get_all_start_methods() else "spawn"
+    """fork on Linux while this process runs no other thread, torch's included (workers start
+    in milliseconds and need only plain data); forkserver there once threads may exist (a fork
+    copies any lock another thread holds: a child once waited on one forever in CI); spawn
+    elsewhere."""
+    methods = mp.get_all_start_methods()
+    single = threading.active_count() == 1 and "torch" not in sys.modules  # torch: OMP threads
+    if sys.platform == "linux" and "fork" in methods and single:
+        method = "fork"
+    elif sys.platform == "linux" and "forkserver" in methods:
+        method = "forkserver"
+    else:
+        method = "spawn"
     return mp.get_context(method)
