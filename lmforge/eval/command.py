@@ -1,19 +1,38 @@
-"""The `eval` command: validation loss and bits per byte of a checkpoint."""
+"""The `eval` command: bits per byte of a checkpoint (the default), or its scores on tasks."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("eval", help="validation loss and bits per byte of a checkpoint")
+    p = commands.add_parser("eval", help="bits per byte and task scores of a checkpoint")
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
     p.add_argument(
-        "--data",
-        help="token shard folder (its val shard) or raw data (its held-out split); default: "
-        "the validation split of the data the checkpoint's run trained on",
+        "--tasks",
+        default="bpb",
+        help="comma-separated: bpb (default), code (the built-in code suite), code_next_line, "
+        "code_identifier, code_closing, humaneval, or task spec files (.toml, .yaml; lm-eval's "
+        "task YAMLs too)",
     )
-    p.add_argument("--max-batches", type=int, default=64, help="evaluation batches of 8 windows")
+    p.add_argument("--limit", type=int, help="evaluate the first N examples of each task")
+    p.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests generated at once")
+    p.add_argument("--out", help="folder for summary.json and <task>.jsonl (one line an example)")
+    p.add_argument(
+        "--harness",
+        choices=("lmforge", "lm-eval"),
+        default="lmforge",
+        help="run the tasks with lmforge's evaluator, or with lm-evaluation-harness through "
+        "lmforge's model class (needs lmforge[eval])",
+    )
+    p.add_argument(
+        "--data",
+        help="bpb only: token shard folder (its val shard) or raw data (its held-out split); "
+        "default: the validation split of the data the checkpoint's run trained on",
+    )
+    p.add_argument("--max-batches", type=int, default=64, help="bpb: batches of 8 windows")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.set_defaults(func=cmd_eval)
 
@@ -22,6 +41,47 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lmforge.train.checkpoint_dir import check_checkpoint
 
     check_checkpoint(args.checkpoint)
+    names = [n.strip() for n in args.tasks.split(",") if n.strip()]
+    if "bpb" in names:
+        _bpb(args)
+        names.remove("bpb")
+    if not names:
+        return 0
+    if args.harness == "lm-eval":
+        from lmforge.eval.lm_eval_model import run_lm_eval
+
+        results = run_lm_eval(args.checkpoint, names, args.limit, args.num_fewshot, args.batch_size)
+        print(json.dumps(results, indent=1, default=str))
+        return 0
+    from lmforge.eval.backend import EngineBackend
+    from lmforge.eval.evaluate import evaluate_tasks, resolve_tasks, run_documents, save
+
+    documents = run_documents(args.checkpoint)
+    tasks = resolve_tasks(names, documents, args.limit)
+    training = documents.split(validation=False) if documents else None
+    with EngineBackend.from_checkpoint(args.checkpoint, args.device, args.batch_size) as backend:
+        results = evaluate_tasks(backend, tasks, args.limit, args.num_fewshot, training)
+    for result in results:
+        print(_line(result))
+    if args.out:
+        print(f"wrote {save(results, args.out, args.checkpoint)}")
+    return 0
+
+
+def _line(result) -> str:
+    m = result.metrics
+    err = m.get(f"{result.headline}_stderr")
+    text = f"{result.task}: {result.headline} {result.score:.4f}"
+    if err is not None and err == err:
+        text += f" ± {err:.4f}"
+    if result.baseline is not None:
+        text += f" (chance {result.baseline:.3f})"
+    if "contamination" in result.extra:
+        text += f", contamination {result.extra['contamination']:.1%}"
+    return text + f", {len(result.records)} examples"
+
+
+def _bpb(args: argparse.Namespace) -> None:
     from lmforge.eval.run import evaluate_checkpoint
 
     evaluated = evaluate_checkpoint(
@@ -33,4 +93,3 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"val loss {result.loss:.4f} nats/token, {result.bpb:.4f} bits/byte "
         f"({result.tokens:,} tokens, {result.bytes:,} bytes)"
     )
-    return 0

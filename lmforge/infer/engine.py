@@ -7,6 +7,10 @@ optionally compiled), every slot at its own position, and samples one token per 
 with that request's own settings and random generator. Finished and cancelled requests free
 their slot and budget at once. A background thread runs this loop; callers hold a
 RequestHandle to iterate its tokens (blocking or asyncio), cancel it or wait for its result.
+
+Scoring jobs (`score`, `submit_score`: log-likelihoods of continuations, lmforge.infer.score)
+queue beside the requests and run on the same thread between decode steps, since that thread
+alone runs the model; their result or error comes back through a concurrent Future.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import contextlib
 import random
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +31,7 @@ from lmforge.device.capability import use_compile
 from lmforge.errors import LmforgeError
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties, check_sampling_args, filter_logits
+from lmforge.infer.score import TokenScores, score
 from lmforge.infer.text import TextAssembler
 from lmforge.infer.weights import lay_out_for_decode
 
@@ -47,6 +53,7 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()  # stop token ids (the tokenizer's special tokens always stop)
     seed: int | None = None  # same seed -> same output, whatever else is batched
     logprobs: bool = False
+    top_logprobs: int = 0  # with logprobs: also this many likeliest tokens (id, logprob) a step
 
     def validate(self, max_context: int | None = None) -> None:
         check_sampling_args(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -57,6 +64,8 @@ class SamplingParams:
                 f"max_tokens={self.max_tokens} leaves no room for a prompt in the model's "
                 f"{max_context}-token context: use fewer"
             )
+        if self.top_logprobs < 0:
+            raise LmforgeError(f"top_logprobs={self.top_logprobs} is invalid: use 0 or more")
         if not self.repetition_penalty > 0:
             raise LmforgeError(
                 f"repetition_penalty={self.repetition_penalty} is invalid: use a value above 0 "
@@ -81,6 +90,7 @@ class TokenEvent:
     text: str  # newly released UTF-8 text; "" while a character or a stop prefix is pending
     logprob: float | None
     finish_reason: str | None  # None until the last event: "stop" | "length" | "abort"
+    top: list[tuple[int, float]] | None = None  # top_logprobs (id, logprob), most likely first
 
 
 @dataclass
@@ -90,6 +100,7 @@ class Completion:
     logprobs: list[float] | None
     finish_reason: str
     prompt_tokens: int
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class RequestHandle:
@@ -190,10 +201,29 @@ class _Request:
     decoding: bool = False  # prefilled and not finished
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def kv_tokens(self) -> int:
         return len(self.prompt) + self.params.max_tokens
+
+
+@dataclass
+class _ScoreJob:
+    """Scoring requests waiting for the engine's thread, and where their result goes."""
+
+    requests: list[tuple[list[int], list[int]]]
+    top_n: int
+    future: Future[list[TokenScores]]
+
+    def run(self, model: Transformer) -> None:
+        """Score, unless the caller cancelled meanwhile; an error goes to the caller only."""
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.future.set_result(score(model, self.requests, self.top_n))
+        except Exception as error:
+            self.future.set_exception(error)
 
 
 @dataclass
@@ -209,6 +239,7 @@ class _Batch:
     min_p: torch.Tensor | None
     penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     logprobs: bool
+    top_n: int  # the most top_logprobs any row asks for
 
     @classmethod
     def of(cls, requests: list[_Request], vocab_size: int, device: torch.device) -> _Batch:
@@ -240,6 +271,7 @@ class _Batch:
             min_p=optional([p.min_p for p in params], 0.0),
             penalties=penalties,
             logprobs=any(p.logprobs for p in params),
+            top_n=max(p.top_logprobs if p.logprobs else 0 for p in params),
         )
 
 
@@ -297,6 +329,7 @@ class Engine:
         self._step = self._compiled() if compile else self._forward
 
         self._queue: deque[_Request] = deque()
+        self._scoring: list[_ScoreJob] = []
         self._cancelled: list[RequestHandle] = []
         self._reserved = 0
         self._wake = threading.Condition()
@@ -334,15 +367,35 @@ class Engine:
             stops=frozenset(params.stop_ids) | self._specials,
             text=TextAssembler(params.stop),
         )
-        with self._wake:
-            if self._closed:
-                raise LmforgeError("the engine is closed: make a new Engine to submit requests")
-            self._queue.append(request)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+        self._enqueue(lambda: self._queue.append(request))
         return handle
+
+    def submit_score(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], top_n: int = 0
+    ) -> Future[list[TokenScores]]:
+        """Queue a scoring job (lmforge.infer.score.score of the engine's model) that the
+        engine's thread runs between decode steps. The Future gives the scores or the error;
+        `await asyncio.wrap_future(future)` waits without blocking an event loop, and
+        cancelling the Future before the job starts drops it."""
+        if not 0 <= top_n <= self.vocab_size:
+            raise LmforgeError(f"top_n={top_n} is invalid: use 0 .. {self.vocab_size}")
+        jobs = [(list(context), list(continuation)) for context, continuation in requests]
+        for i, (context, continuation) in enumerate(jobs):
+            if not all(0 <= t < self.vocab_size for t in context + continuation):
+                raise LmforgeError(
+                    f"scoring request {i} has token ids outside the model's vocabulary of "
+                    f"{self.vocab_size}: encode it with the model's own tokenizer"
+                )
+        job = _ScoreJob(jobs, top_n, Future())
+        self._enqueue(lambda: self._scoring.append(job))
+        return job.future
+
+    def score(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], top_n: int = 0
+    ) -> list[TokenScores]:
+        """The scores of each (context, continuation), as `score(model, ...)` gives them, run
+        on the engine's thread (blocks until done; safe from any thread)."""
+        return self.submit_score(requests, top_n).result()
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
@@ -357,8 +410,19 @@ class Engine:
         handles = [self.submit(p, s) for p, s in zip(prompts, params, strict=True)]
         return [h.result() for h in handles]
 
+    def _enqueue(self, add: Callable[[], None]) -> None:
+        """Run `add` (it queues work) under the lock, starting the scheduler thread if need be."""
+        with self._wake:
+            if self._closed:
+                raise LmforgeError("the engine is closed: make a new Engine to submit requests")
+            add()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
     def close(self) -> None:
-        """Abort what is queued or running and stop the scheduler thread."""
+        """Abort what is queued or running, fail queued scoring jobs, stop the scheduler thread."""
         with self._wake:
             self._closed = True
             self._wake.notify()
@@ -381,6 +445,11 @@ class Engine:
             raise LmforgeError(
                 f"the prompt has token ids outside the model's vocabulary of {self.vocab_size}: "
                 "encode it with the model's own tokenizer"
+            )
+        if params.top_logprobs > self.vocab_size:
+            raise LmforgeError(
+                f"top_logprobs={params.top_logprobs} is more than the vocabulary of "
+                f"{self.vocab_size} tokens: ask for fewer"
             )
         if len(prompt_ids) + params.max_tokens > self.max_context:
             raise LmforgeError(
@@ -406,11 +475,18 @@ class Engine:
             while True:
                 with self._wake:
                     self._wake.wait_for(
-                        lambda: self._closed or self._queue or self._cancelled or self._batch
+                        lambda: (
+                            self._closed
+                            or self._queue
+                            or self._cancelled
+                            or self._batch
+                            or self._scoring
+                        )
                     )
                     if self._closed:
                         break
                     cancelled, self._cancelled = self._cancelled, []
+                    scoring, self._scoring = self._scoring, []
                     self._drop_queued(cancelled)
                     admitted = self._admit()
                 try:
@@ -421,11 +497,17 @@ class Engine:
                         self._decode()
                 except Exception as error:  # the requests in flight fail; the engine goes on
                     self._fail_running(error)
+                for job in scoring:
+                    job.run(self.model)
         with self._wake:
             queued, self._queue = list(self._queue), deque()
+            scoring, self._scoring = self._scoring, []
         self._retire([r for r in self._slots if r is not None], "abort")
         for request in queued:
             self._finish(request, "abort")
+        for job in scoring:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(LmforgeError("the engine closed before scoring this"))
 
     def _drop_queued(self, cancelled: list[RequestHandle]) -> None:
         for request in [r for r in self._queue if r.handle in cancelled]:
@@ -524,16 +606,22 @@ class Engine:
     def _deliver(self, batch: _Batch, tokens: torch.Tensor) -> list[_Request]:
         """Hand each request its token; return those that are now finished."""
         ids = tokens.tolist()
-        logprobs = None
+        logprobs = top_ids = top_values = None
         if batch.logprobs:
             logprobs = self._logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+        if batch.top_n:
+            values, top = self._logprobs.topk(batch.top_n, dim=-1)
+            top_ids, top_values = top.tolist(), values.tolist()
         finished = []
         for i, (request, token) in enumerate(zip(batch.requests, ids, strict=True)):
             request.token_ids.append(token)
-            logprob = None
+            logprob = alternatives = None
             if request.params.logprobs:
                 logprob = logprobs[i]
                 request.logprobs.append(logprob)
+                if n := request.params.top_logprobs:
+                    alternatives = list(zip(top_ids[i][:n], top_values[i][:n], strict=True))
+                    request.top.append(alternatives)
             reason = None
             if token in request.stops:
                 reason, text = "stop", ""
@@ -544,11 +632,12 @@ class Engine:
                 elif len(request.token_ids) == request.params.max_tokens:
                     reason = "length"
             if reason is None:
-                request.handle._push(TokenEvent(token, text, logprob, None))
+                request.handle._push(TokenEvent(token, text, logprob, None, alternatives))
             else:
                 text += request.text.flush()
                 request.handle._push(
-                    TokenEvent(token, text, logprob, reason), self._completion(request, reason)
+                    TokenEvent(token, text, logprob, reason, alternatives),
+                    self._completion(request, reason),
                 )
                 finished.append(request)
         return finished
@@ -586,6 +675,9 @@ class Engine:
             logprobs=list(request.logprobs) if request.params.logprobs else None,
             finish_reason=reason,
             prompt_tokens=len(request.prompt),
+            top_logprobs=list(request.top)
+            if request.params.logprobs and request.params.top_logprobs
+            else None,
         )
 
     def _fail_running(self, error: Exception) -> None:

@@ -3,7 +3,8 @@
 Requests accept OpenAI's fields plus the engine's extra sampling knobs as top-level body fields
 (`top_k`, `min_p`, `repetition_penalty`, as vLLM does: the `openai` client sends them through
 `extra_body`), and for chat lmforge's own `truncate`. Unknown fields are ignored. Responses are
-plain dicts shaped as OpenAI's.
+plain dicts shaped as OpenAI's. The bodies of vLLM's tokenizer routes (`/tokenize`,
+`/detokenize`) live here too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lmforge.infer.engine import SamplingParams
 from lmforge.tokenizer.chat_template import Message
 
 MAX_STOPS = 4
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI and vLLM allow
 
 
 class StreamOptions(BaseModel):
@@ -69,10 +71,15 @@ class SamplingRequest(BaseModel):
             stop_ids=stop_ids,
             seed=None if self.seed is None else self.seed + index,
             logprobs=self.wants_logprobs(),
+            top_logprobs=self.alternatives(),
         )
 
     def wants_logprobs(self) -> bool:
         raise NotImplementedError
+
+    def alternatives(self) -> int:
+        """How many of the likeliest tokens each token's log-probabilities come with."""
+        return 0
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -80,17 +87,16 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
-    logprobs: int | None = None
-    echo: Literal[False] = False
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_alternatives(cls, logprobs: int | None) -> int | None:
-        return _chosen_only(logprobs)
+    max_tokens: int = Field(16, ge=0)  # 0 only with echo: score the prompt, generate nothing
+    # The chosen tokens' log-probabilities and, from 1 up, the `logprobs` likeliest tokens'.
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False  # the prompt comes first in the text and (with logprobs) the tokens
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
+
+    def alternatives(self) -> int:
+        return self.logprobs or 0
 
 
 class TextPart(BaseModel):
@@ -141,6 +147,26 @@ def _chosen_only(alternatives: int | None) -> int | None:
 # -- responses ---------------------------------------------------------------------------------
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's `POST /tokenize`: `add_special_tokens` starts the ids with `<|endoftext|>`, as
+    lmforge starts every document; special-token text in the prompt becomes its id."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str
+    add_special_tokens: bool = True
+    model: str | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's `POST /detokenize`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[int]
+    model: str | None = None
+
+
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -168,8 +194,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def completion_logprobs(tokens: list[str], logprobs: list[float], offset: int) -> dict:
-    """The legacy completions format: parallel lists of tokens and their log-probabilities."""
+def completion_logprobs(
+    tokens: list[str],
+    logprobs: list[float | None],
+    offset: int,
+    top: list[dict[str, float] | None] | None = None,
+) -> dict:
+    """The legacy completions format: parallel lists of tokens, their log-probabilities, the
+    likeliest tokens at each position ({token: logprob}, or None throughout when not asked
+    for) and where each token starts in the text. An echoed prompt's first token has None."""
     offsets = []
     for token in tokens:
         offsets.append(offset)
@@ -177,7 +210,7 @@ def completion_logprobs(tokens: list[str], logprobs: list[float], offset: int) -
     return {
         "tokens": tokens,
         "token_logprobs": logprobs,
-        "top_logprobs": None,
+        "top_logprobs": top,
         "text_offset": offsets,
     }
 

@@ -1,10 +1,17 @@
 """The OpenAI-compatible HTTP server and the web chat page, over one continuous-batching Engine.
 
 Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` and the chat page
-at `/`. With `"stream": true` a reply comes as server-sent events, one `data: {chunk}` per piece
-of text, a last chunk with the finish reason, then `data: [DONE]`. Each choice of each prompt is
-one engine request, batched by the engine with everything else in flight; a client that
-disconnects mid-stream cancels its requests, which frees their batch slots.
+at `/`; vLLM's tokenizer routes `GET /tokenizer_info`, `POST /tokenize` and `POST /detokenize`,
+which lm-evaluation-harness's `tokenizer_backend=remote` uses. With `"stream": true` a reply
+comes as server-sent events, one `data: {chunk}` per piece of text, a last chunk with the finish
+reason, then `data: [DONE]`. Each choice of each prompt is one engine request, batched by the
+engine with everything else in flight; a client that disconnects mid-stream cancels its
+requests, which frees their batch slots.
+
+Completions take `echo` and `logprobs` up to 20, as OpenAI's legacy API and vLLM do: the
+generated tokens' alternatives come from the engine as it samples; an echoed prompt is scored
+by an engine scoring job (`Engine.submit_score`), and `max_tokens: 0` with `echo` scores the
+prompt only (lm-eval's log-likelihoods are `echo` + `logprobs: 1` + `max_tokens: 1`).
 
 Errors follow OpenAI's format, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 JSON, invalid fields and prompts that do not fit the context window, 404 for an unknown model or
@@ -37,9 +44,11 @@ from starlette.exceptions import HTTPException
 from lmforge.errors import LmforgeError
 from lmforge.infer import openai_schema as api
 from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
+from lmforge.infer.score import BATCH_TOKENS
 from lmforge.infer.text import prompt_ids
 from lmforge.infer.weights import load_for_decode
 from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
+from lmforge.tokenizer.tokenizer import EOT
 
 if TYPE_CHECKING:
     from lmforge.tokenizer import Tokenizer
@@ -62,18 +71,36 @@ class ApiError(Exception):
         self.status, self.body = status, api.error_body(message, kind, param, code)
 
 
+Alternatives = list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass
+class _Echo:
+    """An echoed prompt: its text, and with logprobs its tokens' scores (the first token has
+    none: nothing precedes it) and where the generated tokens' text offsets start."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top: list[Alternatives | None] = field(default_factory=list)
+    end: int = 0  # the length of its tokens' texts together
+
+
 @dataclass
 class _Choice:
     """One engine request of an API call and the output it has produced so far."""
 
     index: int
-    handle: RequestHandle
+    handle: RequestHandle | None  # None when there is nothing to generate (max_tokens 0)
     stripper: ReplyStripper
+    alternatives: int = 0  # how many likeliest tokens each token's logprobs list
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[Alternatives] = field(default_factory=list)
     finish_reason: str | None = None
     reported: int = 0  # tokens whose log-probabilities a stream chunk has carried
+    echo: _Echo | None = None
 
     def add(self, event: TokenEvent) -> str:
         """Record one event; return its new reply text."""
@@ -81,15 +108,17 @@ class _Choice:
             self.token_ids.append(event.token_id)
         if event.logprob is not None:
             self.logprobs.append(event.logprob)
+        if event.top is not None:
+            self.top.append(event.top)
         piece = self.stripper.feed(event.text)
         self.text += piece
         self.finish_reason = event.finish_reason
         return piece
 
-    def new_tokens(self) -> tuple[list[int], list[float]]:
-        """Tokens (and log-probabilities) not yet reported in a stream chunk."""
+    def new_tokens(self) -> tuple[list[int], list[float], list[Alternatives]]:
+        """Tokens (with log-probabilities and alternatives) not yet reported in a stream chunk."""
         start, self.reported = self.reported, len(self.token_ids)
-        return self.token_ids[start:], self.logprobs[start:]
+        return self.token_ids[start:], self.logprobs[start:], self.top[start:]
 
 
 @dataclass
@@ -101,10 +130,11 @@ class _Job:
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     async def events(self) -> AsyncIterator[tuple[_Choice, str]]:
-        if len(self.choices) == 1:
-            choice = self.choices[0]
-            async for event in choice.handle:
-                yield choice, choice.add(event)
+        live = [c for c in self.choices if c.handle is not None]
+        if len(live) <= 1:
+            for choice in live:
+                async for event in choice.handle:  # type: ignore[union-attr]
+                    yield choice, choice.add(event)
             return
         queue: asyncio.Queue[tuple[_Choice, TokenEvent | BaseException | None]] = asyncio.Queue()
 
@@ -116,8 +146,8 @@ class _Job:
             except Exception as e:
                 queue.put_nowait((choice, e))
 
-        self._tasks = [asyncio.create_task(pump(c)) for c in self.choices]
-        running = len(self.choices)
+        self._tasks = [asyncio.create_task(pump(c)) for c in live]
+        running = len(live)
         while running:
             choice, item = await queue.get()
             if isinstance(item, BaseException):
@@ -130,7 +160,7 @@ class _Job:
     def cancel(self) -> None:
         """Stop the unfinished requests, which frees their batch slots."""
         for choice in self.choices:
-            if choice.finish_reason is None:
+            if choice.finish_reason is None and choice.handle is not None:
                 choice.handle.cancel()
         for task in self._tasks:
             task.cancel()
@@ -191,7 +221,7 @@ class _Server:
 
     def check_fits(self, n_prompt: int, max_tokens: int, param: str) -> None:
         limit = self.engine.max_context
-        if n_prompt >= limit:
+        if n_prompt >= limit and max_tokens:
             raise ApiError(
                 400,
                 f"{n_prompt} tokens in the {param} leave no room to generate: the context window "
@@ -248,22 +278,127 @@ class _Server:
             )
         return prompts
 
+    async def echoes(
+        self, prompt: str | list, prompts: list[list[int]], logprobs: int | None
+    ) -> list[_Echo]:
+        """Each prompt to echo: its text (a text prompt as sent, token ids decoded) and, when
+        logprobs are asked for, its tokens scored by engine jobs of at most BATCH_TOKENS
+        (padded) tokens, awaited without blocking the event loop."""
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if texts and isinstance(texts[0], int):
+            texts = [texts]
+        texts = [t if isinstance(t, str) else self.decode(t, "prompt") for t in texts]
+        if logprobs is None:
+            return [_Echo(text) for text in texts]
+        requests = [(ids[:1], ids[1:]) for ids in prompts]
+        futures = [self.engine.submit_score(chunk, logprobs) for chunk in _chunks(requests)]
+        try:
+            scores = [s for future in futures for s in await asyncio.wrap_future(future)]
+        except LmforgeError as e:
+            raise ApiError(400, str(e), param="prompt") from e
+        finally:
+            for future in futures:
+                future.cancel()  # those not started yet, when one failed or the call is cancelled
+        echoes = []
+        for text, ids, scored in zip(texts, prompts, scores, strict=True):
+            top = [None, *scored.top] if logprobs else []
+            end = sum(len(_token_text(self.tokenizer, t)) for t in ids)
+            echoes.append(_Echo(text, list(ids), [None, *scored.logprobs], top, end))
+        return echoes
+
     def start(
         self,
         requests: list[tuple[list[int], SamplingParams]],
         prompt_tokens: int,
         strip: Callable[[], ReplyStripper],
     ) -> _Job:
-        """Submit one engine request per choice; on a refused one, cancel those already sent."""
+        """Submit one engine request per choice (none for max_tokens 0: such a choice is done,
+        at "length"); on a refused one, cancel those already sent."""
         choices: list[_Choice] = []
         try:
             for index, (ids, params) in enumerate(requests):
-                choices.append(_Choice(index, self.engine.submit(ids, params), strip()))
+                handle = self.engine.submit(ids, params) if params.max_tokens else None
+                choice = _Choice(index, handle, strip(), params.top_logprobs)
+                choice.finish_reason = None if handle else "length"
+                choices.append(choice)
         except LmforgeError as e:
             for choice in choices:
-                choice.handle.cancel()
+                if choice.handle is not None:
+                    choice.handle.cancel()
             raise ApiError(400, str(e)) from e
         return _Job(choices, prompt_tokens)
+
+    def tokenizer_info(self) -> dict:
+        """vLLM's `/tokenizer_info`, as lm-eval's RemoteTokenizer reads it: `<|endoftext|>` is
+        eos and bos (it starts every document, as the Hugging Face export's bos does)."""
+        eot = EOT if self.tokenizer.eot_id is not None else None
+        others = sorted(s for s in self.tokenizer.special_tokens if s != EOT)
+        return {
+            "tokenizer_class": "lmforge",
+            "eos_token": eot,
+            "bos_token": eot,
+            "pad_token": None,
+            "unk_token": None,
+            "additional_special_tokens": others,
+            "model_max_length": self.engine.max_context,
+            "vocab_size": self.tokenizer.vocab_size,
+            "chat_template": self.template.jinja(),
+        }
+
+    def tokenize(self, body: api.TokenizeRequest) -> dict:
+        """vLLM's `/tokenize`: special-token text becomes its id; `add_special_tokens` starts
+        the ids with `<|endoftext|>`, as a text prompt to /v1/completions starts."""
+        self.check_optional_model(body.model)
+        ids = self.tokenizer.encode(body.prompt, allowed_special="all")
+        if body.add_special_tokens and self.tokenizer.eot_id is not None:
+            ids = [self.tokenizer.eot_id, *ids]
+        limit = self.engine.max_context
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}
+
+    def detokenize(self, body: api.DetokenizeRequest) -> dict:
+        self.check_optional_model(body.model)
+        return {"prompt": self.decode(body.tokens, "tokens")}
+
+    def check_optional_model(self, name: str | None) -> None:
+        if name is not None:
+            self.check_model(name)
+
+    def decode(self, ids: list[int], param: str) -> str:
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"{param}: token id {bad} is outside [0, {vocab})", param=param)
+        try:
+            return self.tokenizer.decode(ids)
+        except LmforgeError as e:
+            raise ApiError(400, f"{param}: {e}", param=param) from e
+
+
+def _chunks(
+    requests: list[tuple[list[int], list[int]]], budget: int = BATCH_TOKENS
+) -> list[list[tuple[list[int], list[int]]]]:
+    """Consecutive requests cut so that each chunk's rows x longest row stay within `budget`
+    tokens (a single longer one goes alone): what one scoring forward pass holds."""
+    chunks: list[list[tuple[list[int], list[int]]]] = []
+    width = 0
+    for request in requests:
+        length = len(request[0]) + len(request[1])
+        if chunks and (len(chunks[-1]) + 1) * max(width, length) <= budget:
+            chunks[-1].append(request)
+            width = max(width, length)
+        else:
+            chunks.append([request])
+            width = length
+    return chunks
+
+
+def _token_text(tokenizer: Tokenizer, token: int) -> str:
+    """A token's own text, as logprobs list it (the bytes of a cut character become U+FFFD;
+    an id the model has but the tokenizer lacks, "")."""
+    try:
+        return tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+    except LmforgeError:
+        return ""
 
 
 class _Format:
@@ -279,7 +414,7 @@ class _Format:
     def choice(self, choice: _Choice, logprobs: bool) -> dict:
         raise NotImplementedError
 
-    def first_chunk(self, choice: _Choice) -> dict | None:
+    def first_chunk(self, choice: _Choice, logprobs: bool) -> dict | None:
         return None
 
     def piece(self, choice: _Choice, text: str, logprobs: bool) -> dict:
@@ -293,18 +428,50 @@ class _CompletionFormat(_Format):
     object = chunk_object = "text_completion"
     id_prefix = "cmpl"
 
-    def _logprobs(self, ids: list[int], logprobs: list[float], offset: int) -> dict:
-        tokens = [self.tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
-        return api.completion_logprobs(tokens, logprobs, offset)
+    def _logprobs(
+        self,
+        choice: _Choice,
+        ids: list[int],
+        logprobs: list[float | None],
+        top: list[Alternatives | None],
+        offset: int,
+    ) -> dict:
+        tokens = [_token_text(self.tokenizer, t) for t in ids]
+        tops = [self._top(t) for t in top] if choice.alternatives else None
+        return api.completion_logprobs(tokens, logprobs, offset, tops)
+
+    def _top(self, alternatives: Alternatives | None) -> dict[str, float] | None:
+        """{token text: logprob}, most likely first; of two ids with one text, the likelier."""
+        if alternatives is None:
+            return None
+        top: dict[str, float] = {}
+        for token, logprob in alternatives:
+            top.setdefault(_token_text(self.tokenizer, token), logprob)
+        return top
 
     def choice(self, choice: _Choice, logprobs: bool) -> dict:
-        lp = self._logprobs(choice.token_ids, choice.logprobs, 0) if logprobs else None
-        text, reason = choice.text, choice.finish_reason
+        echo = choice.echo or _Echo("")
+        lp = None
+        if logprobs:
+            ids = echo.token_ids + choice.token_ids
+            top = [*echo.top, *choice.top]
+            lp = self._logprobs(choice, ids, [*echo.logprobs, *choice.logprobs], top, 0)
+        text, reason = echo.text + choice.text, choice.finish_reason
         return {"index": choice.index, "text": text, "logprobs": lp, "finish_reason": reason}
 
+    def first_chunk(self, choice: _Choice, logprobs: bool) -> dict | None:
+        """The echoed prompt, when asked for, before the generated text."""
+        echo = choice.echo
+        if echo is None:
+            return None
+        lp = None
+        if logprobs:
+            lp = self._logprobs(choice, echo.token_ids, echo.logprobs, echo.top, 0)
+        return {"index": choice.index, "text": echo.text, "logprobs": lp, "finish_reason": None}
+
     def piece(self, choice: _Choice, text: str, logprobs: bool) -> dict:
-        offset = len(choice.text) - len(text)
-        lp = self._logprobs(*choice.new_tokens(), offset) if logprobs else None
+        offset = (choice.echo.end if choice.echo else 0) + len(choice.text) - len(text)
+        lp = self._logprobs(choice, *choice.new_tokens(), offset) if logprobs else None
         return {"index": choice.index, "text": text, "logprobs": lp, "finish_reason": None}
 
     def finish(self, choice: _Choice) -> dict:
@@ -328,12 +495,12 @@ class _ChatFormat(_Format):
             "finish_reason": choice.finish_reason,
         }
 
-    def first_chunk(self, choice: _Choice) -> dict:
+    def first_chunk(self, choice: _Choice, logprobs: bool) -> dict:
         delta = {"role": "assistant", "content": ""}
         return {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def piece(self, choice: _Choice, text: str, logprobs: bool) -> dict:
-        lp = self._logprobs(*choice.new_tokens()) if logprobs else None
+        lp = self._logprobs(*choice.new_tokens()[:2]) if logprobs else None
         return {
             "index": choice.index,
             "delta": {"content": text},
@@ -388,9 +555,11 @@ async def _stream(
 
     try:
         for choice in job.choices:
-            first = fmt.first_chunk(choice)
+            first = fmt.first_chunk(choice, logprobs)
             if first is not None:
                 yield chunk([first])
+            if choice.handle is None:  # nothing to generate (max_tokens 0): done already
+                yield chunk([fmt.finish(choice)])
         async for choice, text in job.events():
             if text or logprobs:
                 yield chunk([fmt.piece(choice, text, logprobs)])
@@ -423,13 +592,24 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
     async def completions(body: api.CompletionRequest, request: Request) -> Any:
         server.check_model(body.model)
         prompts = server.completion_prompts(body.prompt)
+        if body.max_tokens == 0 and not body.echo:
+            raise ApiError(
+                400,
+                "max_tokens=0 generates nothing: ask for 1 or more, or pass echo=true to "
+                "score the prompt alone",
+                param="max_tokens",
+            )
         for ids in prompts:
             server.check_fits(len(ids), body.max_tokens, "prompt")
+        echoes = await server.echoes(body.prompt, prompts, body.logprobs) if body.echo else None
         requests = [
             (ids, body.sampling(body.max_tokens, k)) for ids in prompts for k in range(body.n)
         ]
         n_prompt = sum(len(ids) for ids in prompts)
         job = server.start(requests, n_prompt, lambda: ReplyStripper(""))
+        if echoes:
+            for choice in job.choices:  # prompt-major: n choices a prompt
+                choice.echo = echoes[choice.index // body.n]
         return await _respond(job, completion_format, body, model_name, request)
 
     @app.post("/v1/chat/completions")
@@ -444,6 +624,18 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
         job = server.start(requests, len(ids), template.reply_stripper)
         headers = {DROPPED_HEADER: str(dropped)} if body.truncate else None
         return await _respond(job, chat_format, body, model_name, request, headers)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict:
+        return server.tokenizer_info()
+
+    @app.post("/tokenize")
+    async def tokenize(body: api.TokenizeRequest) -> dict:
+        return server.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: api.DetokenizeRequest) -> dict:
+        return server.detokenize(body)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

@@ -1,6 +1,8 @@
 import asyncio
 import codecs
 import copy
+import threading
+import time
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from lmforge.infer import generate
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties
+from lmforge.infer.score import score
 from lmforge.infer.weights import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
 
@@ -125,6 +128,29 @@ def test_logprobs_are_log_softmax_of_a_full_forward(model):
             logp = model(ids)[0, len(prompt) - 1 : -1].log_softmax(-1)
         expected = logp.gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(result.logprobs), expected, atol=1e-5, rtol=0)
+
+
+def test_top_logprobs_are_the_likeliest_tokens_of_a_full_forward(model):
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.8, seed=2, logprobs=True, top_logprobs=k)
+        for k in (3, 0)
+    ]
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        top3, plain = engine.generate([[1, 2, 3], [40, 41]], params)
+        events = list(engine.submit([1, 2, 3], params[0]))
+        assert all(e.top is None for e in engine.submit([4], params[1]))
+    assert plain.top_logprobs is None
+    streamed = [e.top for e in events]  # alone in the batch: the same up to rounding
+    assert [[t for t, _ in top] for top in streamed] == [
+        [t for t, _ in top] for top in top3.top_logprobs
+    ]
+    ids = torch.tensor([[1, 2, 3, *top3.token_ids]])
+    with torch.no_grad():
+        logp = model(ids)[0, 2:-1].log_softmax(-1)
+    values, expected = logp.topk(3, dim=-1)
+    for top, want_ids, want in zip(top3.top_logprobs, expected.tolist(), values, strict=True):
+        assert [t for t, _ in top] == want_ids
+        torch.testing.assert_close(torch.tensor([v for _, v in top]), want, atol=1e-5, rtol=0)
 
 
 def test_penalties_follow_the_reference_loop(model):
@@ -352,3 +378,77 @@ def test_relaid_weights_give_the_same_tokens(
         assert isinstance(relaid.layers[0].attn.q_proj, PackedLinear)
     else:
         assert relaid.layers[0].attn.q_proj.weight.is_contiguous()
+
+
+SCORE_REQUESTS = [([1, 2, 3], [4, 5]), ([1, 2, 3], [9]), ([7], [8, 9, 10, 11]), ([5] * 12, [])]
+
+
+def assert_same_scores(got, want, atol=1e-5):
+    for g, w in zip(got, want, strict=True):
+        assert g.logprobs == pytest.approx(w.logprobs, abs=atol)
+        assert g.greedy == w.greedy
+        assert [[t for t, _ in top] for top in g.top] == [[t for t, _ in top] for top in w.top]
+
+
+@pytest.mark.parametrize("relayout", [False, True])
+def test_engine_score_equals_score_on_the_bare_model(model, relayout):
+    want = score(model, SCORE_REQUESTS, top_n=4)
+    with Engine(copy.deepcopy(model), ByteTokenizer(), relayout_weights=relayout) as engine:
+        assert_same_scores(engine.score(SCORE_REQUESTS, top_n=4), want, atol=1e-4)
+
+
+def test_scoring_interleaves_with_running_requests_and_both_stay_exact(model):
+    slow = copy.deepcopy(model)
+    slow.register_forward_hook(lambda *_: time.sleep(0.005))  # 60 decode steps take 0.3 s+
+    params = SamplingParams(max_tokens=60, temperature=0)
+    want_scores = score(model, SCORE_REQUESTS, top_n=2)
+    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+        want = engine.generate([[1, 2], [3, 4, 5]], params)
+
+    async def both(engine):
+        handles = [engine.submit([1, 2], params), engine.submit([3, 4, 5], params)]
+        first = await anext(aiter(handles[0]))  # generation is under way
+        scored = await asyncio.wrap_future(engine.submit_score(SCORE_REQUESTS, top_n=2))
+        in_flight = len(handles[0]._events)  # the events delivered while scoring ran
+        rest = await asyncio.gather(*(_drain(h) for h in handles))
+        return first, scored, in_flight, rest
+
+    with Engine(slow, ByteTokenizer(), max_batch_size=2) as engine:
+        threaded = []
+        thread = threading.Thread(target=lambda: threaded.append(engine.score(SCORE_REQUESTS)))
+        thread.start()
+        first, scored, in_flight, rest = asyncio.run(both(engine))
+        thread.join()
+    assert first.finish_reason is None and 0 < in_flight < 60  # scored between decode steps
+    assert_same_scores(scored, want_scores)
+    assert threaded[0][0].logprobs == pytest.approx(want_scores[0].logprobs, abs=1e-5)
+    assert [[e.token_id for e in events] for events in rest] == [w.token_ids for w in want]
+
+
+async def _drain(handle):
+    return [event async for event in handle]
+
+
+def test_scoring_errors_reach_the_caller_and_the_engine_goes_on(model, monkeypatch):
+    import lmforge.infer.engine as engine_module
+
+    with Engine(model, ByteTokenizer()) as engine:
+        with pytest.raises(LmforgeError, match="vocabulary"):
+            engine.score([([1], [999])])  # refused at submit: never reaches the model
+        with pytest.raises(LmforgeError, match="empty context"):
+            engine.score([([], [1])])
+        with pytest.raises(LmforgeError, match="context"):
+            engine.score([([1] * 60, [2] * 10)])
+
+        def broken(*_args, **_kwargs):
+            raise RuntimeError("out of memory")
+
+        monkeypatch.setattr(engine_module, "score", broken)
+        future = engine.submit_score([([1], [2])])
+        with pytest.raises(RuntimeError, match="out of memory"):
+            future.result(timeout=10)
+        monkeypatch.undo()
+        assert engine.generate([[1, 2]], SamplingParams(max_tokens=3))[0].finish_reason
+        assert engine.score([([1], [2])])[0].logprobs
+    with pytest.raises(LmforgeError, match="closed"):
+        engine.score([([1], [2])])

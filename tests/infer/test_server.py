@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.infer.score import score
 from lmforge.infer.server import create_app, running
 from lmforge.infer.text import prompt_ids
 from lmforge.model import ModelConfig, Transformer
@@ -218,12 +219,20 @@ TOO_SMALL = "greater than or equal to 1"
         (("/v1/completions", "[1, 2]"), 400, None, "valid dictionary"),
         (("/v1/completions", {"prompt": "x"}), 400, "model", "Field required"),
         (completion(model="gpt-4"), 404, "model", "does not exist"),
-        (completion(max_tokens=-5), 400, "max_tokens", TOO_SMALL),
+        (completion(max_tokens=-5), 400, "max_tokens", "greater than or equal to 0"),
+        (completion(max_tokens=0), 400, "max_tokens", "echo=true to score the prompt"),
         (completion(max_tokens=10**9), 400, "prompt", f"context window holds {CONTEXT} tokens"),
         (completion(temperature=7), 400, "temperature", "less than or equal to 2"),
         (completion(prompt=[999999]), 400, "prompt", "outside [0, 320)"),
         (completion(prompt=[]), 400, "prompt", "empty"),
-        (completion(logprobs=3), 400, "logprobs", "not alternatives"),
+        (completion(logprobs=21), 400, "logprobs", "less than or equal to 20"),
+        (completion(logprobs=-1), 400, "logprobs", "greater than or equal to 0"),
+        (completion(prompt=[[1, 2], [3, 320]], echo=True), 400, "prompt", "outside [0, 320)"),
+        (chat(logprobs=True, top_logprobs=2), 400, "top_logprobs", "not alternatives"),
+        (("/tokenize", {"add_special_tokens": False}), 400, "prompt", "Field required"),
+        (("/tokenize", {"prompt": "x", "model": "gpt-4"}), 404, "model", "does not exist"),
+        (("/detokenize", {"tokens": [1, 320]}), 400, "tokens", "token id 320 is outside [0, 320)"),
+        (("/detokenize", {"tokens": "abc"}), 400, "tokens", "valid list"),
         (completion(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4 items"),
         (completion(prompt={"text": "x"}), 400, "prompt", "valid string"),
         (chat(messages=[]), 400, "messages", "at least 1"),
@@ -488,3 +497,180 @@ def test_a_failing_engine_gives_a_server_error_not_a_hang(tokenizer):
     events = [line[6:] for line in streamed.splitlines() if line.startswith("data: ")]
     assert "out of memory" in json.loads(events[0])["error"]["message"]
     assert events[-1] == "[DONE]"
+
+
+# -- echo, top logprobs, the tokenizer routes, lm-eval's local-completions -----------------------
+
+
+def completions(base_url, **fields):
+    reply = post(base_url, "/v1/completions", {"model": MODEL, "temperature": 0, **fields})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def token_text(tokenizer, token):
+    return tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+
+def top_dict(tokenizer, top):
+    """What the server sends for score()'s alternatives: {text: logprob}, the likelier of two
+    ids with one text."""
+    out = {}
+    for token, logprob in top:
+        out.setdefault(token_text(tokenizer, token), logprob)
+    return out
+
+
+def assert_top_equal(got, want):
+    assert list(got) == list(want)
+    assert list(got.values()) == pytest.approx(list(want.values()), abs=1e-5)
+
+
+def test_echo_logprobs_of_token_prompts_equal_score(base_url, tokenizer):
+    """lm-eval's log-likelihood request: echo + logprobs 1 + max_tokens 1 on token-id prompts."""
+    prompts = [prompt_ids(tokenizer, "def main("), tokenizer.encode_ordinary("x = [1, 2]")]
+    reply = completions(base_url, prompt=prompts, echo=True, logprobs=1, max_tokens=1)
+    model = tiny_model(tokenizer.vocab_size)  # the served weights (same seed)
+    expected = score(model, [(ids[:1], ids[1:]) for ids in prompts], top_n=1)
+    assert [c["index"] for c in reply["choices"]] == [0, 1]
+    for choice, ids, want in zip(reply["choices"], prompts, expected, strict=True):
+        logprobs, n = choice["logprobs"], len(ids)
+        assert logprobs["tokens"][:n] == [token_text(tokenizer, t) for t in ids]
+        assert len(logprobs["tokens"]) == n + 1  # the prompt, then the one generated token
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        assert logprobs["token_logprobs"][1:n] == pytest.approx(want.logprobs, abs=1e-5)
+        for got, top in zip(logprobs["top_logprobs"][1:n], want.top, strict=True):
+            assert_top_equal(got, top_dict(tokenizer, top))
+        generated = logprobs["top_logprobs"][n]  # greedy: the chosen token is the top one
+        assert list(generated) == [logprobs["tokens"][n]]
+        assert logprobs["token_logprobs"][n] == pytest.approx(max(generated.values()), abs=1e-6)
+        assert choice["text"] == tokenizer.decode(ids) + logprobs["tokens"][n]
+        offsets = logprobs["text_offset"]
+        assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert reply["usage"]["prompt_tokens"] == sum(map(len, prompts))
+    assert reply["usage"]["completion_tokens"] == 2
+
+
+def test_five_alternatives_for_prompt_and_generated_tokens(base_url, engine, tokenizer):
+    reply = completions(base_url, prompt="for i in", echo=True, logprobs=5, max_tokens=4)
+    (choice,) = reply["choices"]
+    ids = prompt_ids(tokenizer, "for i in")
+    logprobs = choice["logprobs"]
+    everything = ids + direct(engine, ids, max_tokens=4).token_ids
+    assert logprobs["tokens"] == [token_text(tokenizer, t) for t in everything]
+    model = tiny_model(tokenizer.vocab_size)
+    (want,) = score(model, [(everything[:1], everything[1:])], top_n=5)
+    tops = logprobs["top_logprobs"][1:]
+    assert len(tops) == len(want.top) == len(ids) - 1 + 4
+    for got, top in zip(tops, want.top, strict=True):
+        assert_top_equal(got, top_dict(tokenizer, top))
+        assert list(got.values()) == sorted(got.values(), reverse=True)
+    assert any(len(top) == 5 for top in tops)  # fewer only where two ids share a text
+    plain = completions(base_url, prompt="for i in", logprobs=5, max_tokens=4)["choices"][0]
+    assert plain["text"] == choice["text"][len("for i in") :]  # without echo: generated only
+    assert plain["logprobs"]["tokens"] == logprobs["tokens"][len(ids) :]
+    for got, echoed in zip(plain["logprobs"]["top_logprobs"], tops[len(ids) - 1 :], strict=True):
+        assert_top_equal(got, echoed)
+    chosen_only = completions(base_url, prompt="for i in", logprobs=0, echo=True, max_tokens=2)
+    assert chosen_only["choices"][0]["logprobs"]["top_logprobs"] is None
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(base_url, tokenizer):
+    ids = prompt_ids(tokenizer, "while True:")
+    reply = completions(base_url, prompt=ids, echo=True, logprobs=2, max_tokens=0, n=2)
+    (want,) = score(tiny_model(tokenizer.vocab_size), [(ids[:1], ids[1:])], top_n=2)
+    assert [c["index"] for c in reply["choices"]] == [0, 1]
+    for choice in reply["choices"]:
+        assert choice["text"] == tokenizer.decode(ids)
+        assert choice["finish_reason"] == "length"
+        assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(want.logprobs, abs=1e-5)
+        assert len(choice["logprobs"]["tokens"]) == len(ids)
+    assert reply["usage"]["completion_tokens"] == 0
+    assert reply["usage"]["prompt_tokens"] == len(ids)  # per prompt, not per choice
+    full = [tokenizer.eot_id] * CONTEXT  # a whole context window fits when nothing is generated
+    assert len(completions(base_url, prompt=full, echo=True, max_tokens=0)["choices"]) == 1
+    text = completions(base_url, prompt="a b", echo=True, max_tokens=0)["choices"][0]["text"]
+    assert text == "a b"  # a text prompt echoes as sent, without the document start
+
+
+def test_echo_streams_the_prompt_first(base_url, tokenizer):
+    body = {"prompt": "import os\n", "echo": True, "logprobs": 3, "max_tokens": 6}
+    whole = completions(base_url, **body)["choices"][0]
+    streamed = post(
+        base_url, "/v1/completions", {**body, "model": MODEL, "temperature": 0, "stream": True}
+    )
+    chunks = [json.loads(x[6:]) for x in streamed.text.splitlines() if x.startswith("data: {")]
+    pieces = [c["choices"][0] for c in chunks]
+    assert pieces[0]["text"] == "import os\n"
+    assert "".join(p["text"] for p in pieces) == whole["text"]
+    assert pieces[-1]["finish_reason"] == whole["finish_reason"]
+    tokens = [t for p in pieces if p["logprobs"] for t in p["logprobs"]["tokens"]]
+    assert tokens == whole["logprobs"]["tokens"]
+    echoed = pieces[0]["logprobs"]  # the prompt's tokens, then the generated ones after them
+    assert echoed["text_offset"] == whole["logprobs"]["text_offset"][: len(echoed["tokens"])]
+    assert pieces[1]["logprobs"]["text_offset"][0] >= echoed["text_offset"][-1]
+    only = post(
+        base_url, "/v1/completions", {**body, "model": MODEL, "max_tokens": 0, "stream": True}
+    ).text
+    events = [line[6:] for line in only.splitlines() if line.startswith("data: ")]
+    assert [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]] == [None, "length"]
+    assert events[-1] == "[DONE]"
+
+
+def test_tokenizer_routes_round_trip(base_url, tokenizer):
+    info = httpx.get(f"{base_url}/tokenizer_info", timeout=10).json()
+    assert info["eos_token"] == info["bos_token"] == "<|endoftext|>"
+    assert info["model_max_length"] == CONTEXT and "pad_token" in info
+    text = "<|endoftext|>def main():\n    return 1"
+    plain = post(base_url, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()
+    assert plain["tokens"] == [tokenizer.eot_id, *tokenizer.encode_ordinary(text[13:])]
+    assert plain["count"] == len(plain["tokens"]) and plain["max_model_len"] == CONTEXT
+    started = post(base_url, "/tokenize", {"prompt": "def", "model": MODEL}).json()["tokens"]
+    assert started == prompt_ids(tokenizer, "def")  # add_special_tokens: a document start
+    back = post(base_url, "/detokenize", {"tokens": plain["tokens"]}).json()
+    assert back == {"prompt": text}
+
+
+def test_lm_eval_local_completions_against_the_server(base_url, engine, tokenizer):
+    pytest.importorskip("lm_eval")  # an import guard: lm-eval is a dev dependency
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    lm = LocalCompletionsAPI(
+        base_url=f"{base_url}/v1/completions",
+        model=MODEL,
+        tokenizer_backend="remote",
+        tokenized_requests=True,
+        num_concurrent=1,
+        max_retries=1,
+        max_length=CONTEXT,
+        max_gen_toks=8,
+    )
+    assert lm.eot_token_id == lm.prefix_token_id == tokenizer.eot_id
+    pairs = [("def main(", ")"), ("x = 1 ", "+ 2\n"), ("<|endoftext|>import", " os")]
+    pairs.append(("x = 1", "0on"))  # the tiny model's own greedy continuation
+    requests = [
+        Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=0) for pair in pairs
+    ]
+    got = lm.loglikelihood(requests, disable_tqdm=True)
+
+    def encode(text):
+        return tokenizer.encode(text, allowed_special="all")
+
+    def encode_pair(context, continuation):  # lm-eval's _encode_pair for a causal model
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        whole, context_ids = encode(context + continuation), encode(context)
+        return context_ids, whole[len(context_ids) :]
+
+    expected = score(tiny_model(tokenizer.vocab_size), [encode_pair(*p) for p in pairs])
+    for (loglikelihood, greedy), want in zip(got, expected, strict=True):
+        assert loglikelihood == pytest.approx(want.total, abs=1e-4)
+        assert greedy == want.is_greedy
+    assert [greedy for _, greedy in got] == [False, False, False, True]
+
+    until = {"until": ["\n"], "max_gen_toks": 8}
+    generation = Instance(request_type="generate_until", doc={}, arguments=("x = [", until), idx=0)
+    (text,) = lm.generate_until([generation], disable_tqdm=True)
+    assert text == direct(engine, encode("x = ["), max_tokens=8, stop=("\n",)).text

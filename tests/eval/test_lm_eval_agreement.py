@@ -1,0 +1,254 @@
+"""`lmforge eval` agrees with lm-evaluation-harness on the same model, four ways.
+
+One local multiple-choice task, one generation task and one rolling-loglikelihood task (lm-eval
+task YAMLs over JSONL files, offline) are run by:
+- lm-eval's `hf` backend on the checkpoint exported to Hugging Face's layout (transformers),
+- lm-eval with lmforge's model class (`model="lmforge"`),
+- lm-eval's `local-completions` against `lmforge serve` (`tokenizer_backend=remote`),
+- `lmforge eval`'s own harness.
+Per-example log-likelihoods agree within 1e-4, generations and accuracies exactly.
+
+Two conventions, each checked: the hf backend encodes with the exported tokenizer's own special
+tokens (`<|endoftext|>` first, as in training), lmforge's default; the API backends' remote
+tokenizer adds none, which the hf backend does with `add_bos_token=False` and lmforge with
+`add_bos=False`. The API backends also keep a token for generation and cut requests to
+max_length - 1 tokens and rolling windows to max_length - 2 (lm-eval's api_models.py), so that
+comparison runs the others with max_length = CONTEXT - 2, the windows lm-eval's API backend
+uses against a CONTEXT-token server.
+"""
+
+import json
+import os
+
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")  # a dev dependency: this runs in make test
+
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+import lmforge.eval.lm_eval_model  # noqa: E402, F401  (registers model="lmforge")
+from lmforge.eval.backend import EngineBackend  # noqa: E402
+from lmforge.eval.harness import run_task  # noqa: E402
+from lmforge.eval.tasks import load_spec  # noqa: E402
+from lmforge.infer.engine import Engine  # noqa: E402
+from lmforge.infer.server import create_app, running  # noqa: E402
+from lmforge.model import ModelConfig, Transformer  # noqa: E402
+from lmforge.model.hf import export_hf  # noqa: E402
+from lmforge.tokenizer import Tokenizer  # noqa: E402
+from lmforge.train.checkpoint import save_checkpoint  # noqa: E402
+
+CONTEXT = 64  # short, so long documents and contexts are cut and windowed
+API_WINDOW = CONTEXT - 2  # what lm-eval's API backends window a CONTEXT-token server's requests to
+TASKS = ("agree_mc", "agree_gen", "agree_rolling")
+LINES = [
+    "def add(a, b):",
+    "    return a + b",
+    "import os",
+    "for i in range(10):",
+    "class Stack:",
+    "    def __init__(self):",
+    "        self.items = []",
+    "if __name__ == '__main__':",
+    "    main()",
+    "x = [1, 2, 3]",
+]
+
+
+def _write_tasks(folder):
+    mc = [
+        {
+            "question": LINES[i] + "\n" + LINES[(i + 1) % 10] + (" " if i % 3 == 0 else ""),
+            "choices": [LINES[(i + k) % 10] for k in (2, 5, 7, 9)],
+            "answer": i % 4,
+        }
+        for i in range(10)
+    ]
+    mc[0]["question"] = ""  # an empty context: lm-eval starts it with the prefix token
+    mc[1]["question"] = "\n".join(LINES * 3)  # longer than the window: cut from the left
+    gen = [{"prompt": LINES[i] + "\n", "target": LINES[(i + 1) % 10]} for i in range(6)]
+    rolling = [{"text": "\n".join(LINES[i:] + LINES[:i]) * (1 + i % 3)} for i in range(5)]
+    for name, docs in (("mc", mc), ("gen", gen), ("rolling", rolling)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    common = "dataset_path: json\ntest_split: test\n"
+    (folder / "agree_mc.yaml").write_text(
+        "task: agree_mc\noutput_type: multiple_choice\n"
+        + common
+        + f"dataset_kwargs:\n  data_files:\n    test: {folder / 'mc.jsonl'}\n"
+        + "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: answer\n"
+        + "metric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    )
+    (folder / "agree_gen.yaml").write_text(
+        "task: agree_gen\noutput_type: generate_until\n"
+        + common
+        + f"dataset_kwargs:\n  data_files:\n    test: {folder / 'gen.jsonl'}\n"
+        + "doc_to_text: prompt\ndoc_to_target: target\ntarget_delimiter: ''\n"
+        + "generation_kwargs:\n  until: ['\\n']\n  max_gen_toks: 8\n  do_sample: false\n"
+        + "metric_list:\n  - metric: exact_match\n"
+    )
+    (folder / "agree_rolling.yaml").write_text(
+        "task: agree_rolling\noutput_type: loglikelihood_rolling\n"
+        + common
+        + f"dataset_kwargs:\n  data_files:\n    test: {folder / 'rolling.jsonl'}\n"
+        + "doc_to_text: ''\ndoc_to_target: text\n"
+        + "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(prepared, tmp_path_factory):
+    tokenizer = Tokenizer.load(prepared.tokenizer_dir)
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=CONTEXT,
+    )
+    model = Transformer(config).eval()
+    root = tmp_path_factory.mktemp("agree")
+    checkpoint = save_checkpoint(
+        root / "ckpt",
+        1,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        {},
+        {},
+        {},
+        prepared.tokenizer_dir,
+    )
+    hf_dir = export_hf(model, tokenizer, root / "hf")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    _write_tasks(tasks)
+    return checkpoint, hf_dir, tasks, model, tokenizer
+
+
+def _lm_eval(model, model_args, tasks):
+    out = lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=list(TASKS),
+        task_manager=TaskManager(include_path=str(tasks)),
+        log_samples=True,
+        batch_size=4,
+        device="cpu",
+    )
+    return _per_example(out["samples"]), out["results"]
+
+
+def _per_example(samples):
+    """task -> per-example answers: choice lls (mc), text (gen), ll (rolling)."""
+    out = {}
+    for task, rows in samples.items():
+        rows = sorted(rows, key=lambda r: r["doc_id"])
+        if task == "agree_mc":
+            out[task] = [[float(r[0][0]) for r in row["resps"]] for row in rows]
+        elif task == "agree_gen":
+            out[task] = [row["filtered_resps"][0] for row in rows]
+        else:
+            out[task] = [float(row["resps"][0][0]) for row in rows]
+    return out
+
+
+def _lmforge(checkpoint, tasks, add_bos=True, max_length=None):
+    answers, accuracy = {}, {}
+    backend = EngineBackend.from_checkpoint(checkpoint, add_bos=add_bos, max_length=max_length)
+    with backend:
+        for task in TASKS:
+            result = run_task(backend, load_spec(tasks / f"{task}.yaml"))
+            records = result.records
+            if task == "agree_mc":
+                answers[task] = [r["loglikelihoods"] for r in records]
+                accuracy[task] = (result.metrics["acc"], result.metrics["acc_norm"])
+            elif task == "agree_gen":
+                answers[task] = [r["generation"] for r in records]
+                accuracy[task] = result.metrics["exact_match"]
+            else:
+                answers[task] = [r["loglikelihood"] for r in records]
+                accuracy[task] = result.metrics["bits_per_byte"]
+    return answers, accuracy
+
+
+def _same(reference, answers):
+    for task in TASKS:
+        ref, got = reference[task], answers[task]
+        assert len(ref) == len(got), task
+        if task == "agree_gen":
+            assert got == ref
+        else:
+            assert torch.allclose(
+                torch.tensor(got, dtype=torch.float64),
+                torch.tensor(ref, dtype=torch.float64),
+                atol=1e-4,
+                rtol=0,
+            ), task
+
+
+def _accuracies(results):
+    return {
+        "agree_mc": (results["agree_mc"]["acc,none"], results["agree_mc"]["acc_norm,none"]),
+        "agree_gen": results["agree_gen"]["exact_match,none"],
+        "agree_rolling": results["agree_rolling"]["bits_per_byte,none"],
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    _checkpoint, hf_dir, tasks, *_ = setup
+    return _lm_eval("hf", f"pretrained={hf_dir},dtype=float32", tasks)
+
+
+@pytest.fixture(scope="module")
+def reference_no_bos(setup):
+    _checkpoint, hf_dir, tasks, *_ = setup
+    args = f"pretrained={hf_dir},dtype=float32,add_bos_token=False,max_length={API_WINDOW}"
+    return _lm_eval("hf", args, tasks)
+
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_lmforge_eval_equals_lm_eval_hf(setup, reference, reference_no_bos, add_bos):
+    checkpoint, _, tasks, *_ = setup
+    answers, accuracy = _lmforge(checkpoint, tasks, add_bos, None if add_bos else API_WINDOW)
+    expected = reference if add_bos else reference_no_bos
+    _same(expected[0], answers)
+    ref = _accuracies(expected[1])
+    assert accuracy["agree_mc"] == ref["agree_mc"]
+    assert accuracy["agree_gen"] == ref["agree_gen"]
+    assert accuracy["agree_rolling"] == pytest.approx(ref["agree_rolling"], abs=1e-6)
+    if add_bos:  # the conventions differ, so the test above could tell them apart
+        assert not torch.allclose(
+            torch.tensor(reference[0]["agree_rolling"]),
+            torch.tensor(reference_no_bos[0]["agree_rolling"]),
+            atol=1e-3,
+        )
+
+
+def test_lm_eval_with_lmforge_model_class_equals_hf(setup, reference):
+    checkpoint, _, tasks, *_ = setup
+    answers, results = _lm_eval("lmforge", f"checkpoint={checkpoint}", tasks)
+    _same(reference[0], answers)
+    assert _accuracies(results)["agree_mc"] == _accuracies(reference[1])["agree_mc"]
+
+
+def test_lm_eval_local_completions_against_lmforge_serve_equals_hf(setup, reference_no_bos):
+    _checkpoint, _, tasks, model, tokenizer = setup
+    with (
+        Engine(model, tokenizer, max_batch_size=4) as engine,
+        running(create_app(engine, tokenizer, "tiny")) as url,
+    ):
+        args = (
+            f"base_url={url}/v1/completions,model=tiny,tokenizer_backend=remote,"
+            f"tokenized_requests=True,num_concurrent=1,max_retries=1,max_length={CONTEXT}"
+        )
+        answers, results = _lm_eval("local-completions", args, tasks)
+    _same(reference_no_bos[0], answers)
+    got, expected = _accuracies(results), _accuracies(reference_no_bos[1])
+    assert got["agree_mc"] == expected["agree_mc"]
+    assert got["agree_gen"] == expected["agree_gen"]
+    assert got["agree_rolling"] == pytest.approx(expected["agree_rolling"], abs=1e-6)
