@@ -335,7 +335,7 @@ RUN_ENTRIES = (
     "checkpoints",
     "metrics.jsonl",
 )
-"""What a run folder holds before its report (plots/ and report.md come last)."""
+"""What a run folder holds before its report (eval/, plots/ and report.md come last)."""
 
 
 def claim_run_dir(cfg: RunConfig, out: str | Path, fresh: bool) -> None:

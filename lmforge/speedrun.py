@@ -21,6 +21,7 @@ import torch
 from lmforge.config import RunConfig, claim_run_dir, config_text, to_dict
 from lmforge.device import load
 from lmforge.errors import LmforgeError
+from lmforge.eval.evaluate import describe, evaluate_checkpoint_tasks
 from lmforge.infer import complete
 from lmforge.parallel.world import world_size_from_env
 from lmforge.prepare import Prepared, prepare_corpus
@@ -225,6 +226,7 @@ def _evaluate_and_report(
     )
     warn_if_behind_baseline(final.bpb, baseline)
     _record_final_eval(out / "metrics.jsonl", result.step, evaluation)
+    tasks = _evaluate_tasks(out, result.checkpoint)
 
     samples = [
         Sample(
@@ -276,12 +278,26 @@ def _evaluate_and_report(
             samples=samples,
             sizing={**asdict(sizing), "reason": sizing.reason} if sizing else None,
             machine_load=machine_load,
+            tasks=tasks,
         ),
     )
     writing.update()
     writing.close()
     print(f"report: {report}")
     return report
+
+
+def _evaluate_tasks(out: Path, checkpoint: Path) -> dict | None:
+    """The code suite on the final checkpoint, saved to eval/ as `lmforge eval --tasks code
+    --out RUN/eval` saves it; None, with a note, where the run's documents cannot be read."""
+    try:
+        results = evaluate_checkpoint_tasks(checkpoint, ["code"], out / "eval")
+    except LmforgeError as e:
+        print(f"tasks: skipped ({e})")
+        return None
+    for result in results:
+        print(f"tasks: {describe(result)}")
+    return json.loads((out / "eval" / "summary.json").read_text())
 
 
 def _final_evaluation(

@@ -211,7 +211,7 @@ def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
     logs = [r for r in records if "loss" in r]
     assert all({"tokens_per_s", "step_time_s", "mfu", "peak_memory_mb"} <= set(r) for r in logs)
     assert (out / "checkpoints" / "step_60" / "model.safetensors").exists()
-    for stage in ("documents:", "tokenizer:", "tokens:", "evaluation:", "report:"):
+    for stage in ("documents:", "tokenizer:", "tokens:", "evaluation:", "tasks:", "report:"):
         assert stage in stdout
 
 
@@ -304,6 +304,37 @@ def test_eval_on_documents_and_on_shards_agree(speedrun_dir, corpus_dir, capsys)
     assert "bits/byte" in on_docs
     assert on_docs == result_line(out / "tokens")  # the same held-out documents either way
     assert "bits/byte" in result_line(corpus_dir)  # before cleaning: the same split
+
+
+def test_the_report_shows_the_code_suite_and_lmforge_eval_reproduces_it(speedrun_dir, tmp_path):
+    out, _ = speedrun_dir
+    report = (out / "report.md").read_text()
+    summary = json.loads((out / "eval" / "summary.json").read_text())
+    assert "## Tasks: the code suite" in report and "CORE-style aggregate" in report
+    names = [t["task"] for t in summary["tasks"]]
+    assert names == ["code_next_line", "code_identifier", "code_closing"]
+    for task in summary["tasks"]:
+        assert task["examples"] > 0 and 0 <= task["contamination"] <= 1
+        assert f"| {task['task']} ({task['examples']}) |" in report
+        assert (out / "eval" / f"{task['task']}.jsonl").exists()
+    result = _run("eval", "--checkpoint", out, "--tasks", "code", "--out", tmp_path / "again")
+    assert result.returncode == 0, result.stderr
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    for mine, theirs in zip(again["tasks"], summary["tasks"], strict=True):
+        # the same examples and scores; float sums may differ in the last bits (other threads)
+        assert mine["examples"] == theirs["examples"]
+        assert mine["contamination"] == theirs["contamination"]
+        assert mine["metrics"] == pytest.approx(theirs["metrics"], rel=1e-6, nan_ok=True)
+        assert [r["prompt"] for r in mine["failures"]] == [r["prompt"] for r in theirs["failures"]]
+    assert again["code_suite_aggregate"] == pytest.approx(summary["code_suite_aggregate"])
+    assert "code_next_line: acc" in result.stdout
+
+
+def test_eval_task_errors_are_one_line(speedrun_dir, tmp_path):
+    out, _ = speedrun_dir
+    result = _run("eval", "--checkpoint", out, "--tasks", "nosuch")
+    assert result.returncode == 2 and "unknown task 'nosuch'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_python_api_loads_a_checkpoint(speedrun_dir):

@@ -6,7 +6,8 @@ Only documents of the validation split are used, so no example was seen in train
 - `code_next_line` (multiple choice, HellaSwag-style): the preceding lines of a function; the
   true next line against 3 lines drawn from other files. Chance: 1/4.
 - `code_identifier` (greedy, LAMBADA-style): the preceding lines and the start of a line; the
-  line's last identifier must be the model's greedy continuation, every token of it. Chance: 0.
+  line's last identifier (not a keyword) must be the model's greedy continuation, every token
+  of it. Chance: 0.
 - `code_closing` (schema, CORE-style): a line that ends in two or more closing brackets, written
   with its true closers and with 3 wrong ones (one missing, one extra, two swapped...); the
   model chooses the version under which the next line is most likely. Chance: 1/4.
@@ -18,6 +19,7 @@ documents always give the same suite.
 
 from __future__ import annotations
 
+import keyword
 import random
 import re
 from collections.abc import Iterable
@@ -65,7 +67,7 @@ def code_suite(
                 next_line.append(doc)
         if len(identifier) < examples:
             match = _IDENTIFIER_END.match(line.rstrip())
-            if match and match.group(1).strip():
+            if match and match.group(1).strip() and not keyword.iskeyword(match.group(2)):
                 identifier.append(
                     {"context": context + "\n" + match.group(1), "target": match.group(2)}
                 )

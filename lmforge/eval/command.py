@@ -53,32 +53,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results = run_lm_eval(args.checkpoint, names, args.limit, args.num_fewshot, args.batch_size)
         print(json.dumps(results, indent=1, default=str))
         return 0
-    from lmforge.eval.backend import EngineBackend
-    from lmforge.eval.evaluate import evaluate_tasks, resolve_tasks, run_documents, save
+    from lmforge.eval.evaluate import describe, evaluate_checkpoint_tasks
 
-    documents = run_documents(args.checkpoint)
-    tasks = resolve_tasks(names, documents, args.limit)
-    training = documents.split(validation=False) if documents else None
-    with EngineBackend.from_checkpoint(args.checkpoint, args.device, args.batch_size) as backend:
-        results = evaluate_tasks(backend, tasks, args.limit, args.num_fewshot, training)
+    results = evaluate_checkpoint_tasks(
+        args.checkpoint,
+        names,
+        args.out,
+        args.limit,
+        args.num_fewshot,
+        args.device,
+        args.batch_size,
+    )
     for result in results:
-        print(_line(result))
+        print(describe(result))
     if args.out:
-        print(f"wrote {save(results, args.out, args.checkpoint)}")
+        print(f"wrote {args.out}/summary.json and one <task>.jsonl per task")
     return 0
-
-
-def _line(result) -> str:
-    m = result.metrics
-    err = m.get(f"{result.headline}_stderr")
-    text = f"{result.task}: {result.headline} {result.score:.4f}"
-    if err is not None and err == err:
-        text += f" ± {err:.4f}"
-    if result.baseline is not None:
-        text += f" (chance {result.baseline:.3f})"
-    if "contamination" in result.extra:
-        text += f", contamination {result.extra['contamination']:.1%}"
-    return text + f", {len(result.records)} examples"
 
 
 def _bpb(args: argparse.Namespace) -> None:

@@ -18,7 +18,8 @@ from lmforge.data import Document, is_validation, read_documents, stdlib_documen
 from lmforge.errors import LmforgeError
 from lmforge.eval.backend import EngineBackend
 from lmforge.eval.code_suite import aggregate, code_suite
-from lmforge.eval.harness import TaskResult, run_task, write_results
+from lmforge.eval.harness import run_task, write_results
+from lmforge.eval.result import TaskResult
 from lmforge.eval.tasks import TaskSpec, load_spec
 from lmforge.prepare import DataConfig
 from lmforge.train.checkpoint_dir import TRAINED_ON, read_run_config, resolve_checkpoint
@@ -118,3 +119,37 @@ def suite_aggregate(results: list[TaskResult]) -> float | None:
 def save(results: list[TaskResult], out: str | Path, checkpoint: str | Path) -> Path:
     header = {"checkpoint": str(checkpoint), "code_suite_aggregate": suite_aggregate(results)}
     return write_results(results, out, header)
+
+
+def evaluate_checkpoint_tasks(
+    checkpoint: str | Path,
+    names: list[str],
+    out: str | Path | None = None,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    device: str = "cpu",
+    batch_size: int = 8,
+) -> list[TaskResult]:
+    """`lmforge eval --tasks`: the named tasks on a checkpoint, contamination measured against
+    its run's training documents where they are readable, saved to `out` if given."""
+    documents = run_documents(checkpoint)
+    tasks = resolve_tasks(names, documents, limit)
+    training = documents.split(validation=False) if documents else None
+    with EngineBackend.from_checkpoint(checkpoint, device, batch_size) as backend:
+        results = evaluate_tasks(backend, tasks, limit, num_fewshot, training)
+    if out is not None:
+        save(results, out, checkpoint)
+    return results
+
+
+def describe(result: TaskResult) -> str:
+    """One line: the headline score, its error, chance, contamination and size."""
+    err = result.metrics.get(f"{result.headline}_stderr")
+    text = f"{result.task}: {result.headline} {result.score:.4f}"
+    if err is not None and err == err:
+        text += f" ± {err:.4f}"
+    if result.baseline is not None:
+        text += f" (chance {result.baseline:.3f})"
+    if "contamination" in result.extra:
+        text += f", contamination {result.extra['contamination']:.1%}"
+    return text + f", {len(result.records)} examples"

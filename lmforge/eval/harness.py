@@ -18,61 +18,22 @@ import math
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lmforge.errors import LmforgeError
 from lmforge.eval.backend import EngineBackend
+from lmforge.eval.code_tasks import run_code_task
 from lmforge.eval.metrics import (
-    centered,
     count_words,
     mean,
     mean_stderr,
     numeric_answer,
     ratio_bootstrap,
 )
+from lmforge.eval.result import TaskResult
 from lmforge.eval.tasks import TaskSpec, load_docs
 
 FEWSHOT_SEED = 1234
-
-
-@dataclass
-class TaskResult:
-    task: str
-    output_type: str
-    metrics: dict[str, float]  # name -> value; "<name>_stderr" beside each
-    records: list[dict[str, Any]]
-    baseline: float | None = None  # chance level of the headline metric, where it has one
-    headline: str = "acc"
-    extra: dict[str, Any] = field(default_factory=dict)  # e.g. contamination
-
-    @property
-    def score(self) -> float:
-        return self.metrics[self.headline]
-
-    @property
-    def centered(self) -> float | None:
-        return None if self.baseline is None else centered(self.score, self.baseline)
-
-    def summary(self) -> dict[str, Any]:
-        out = {
-            "task": self.task,
-            "output_type": self.output_type,
-            "examples": len(self.records),
-            "headline": self.headline,
-            "metrics": self.metrics,
-            "baseline": self.baseline,
-            "centered": self.centered,
-        }
-        return {**out, **self.extra}
-
-    def failures(self, n: int = 3) -> list[dict[str, Any]]:
-        return [r for r in self.records if not r.get("correct", True)][:n]
-
-    def example_texts(self) -> list[str]:
-        """Each example's text as a model would read it, gold included (for contamination)."""
-        return [r["prompt"] + " " + str(r.get("gold_text", "")) for r in self.records]
 
 
 def run_task(
@@ -290,14 +251,6 @@ def _generate(
     )
 
 
-def _code(
-    backend: EngineBackend, spec: TaskSpec, docs: list[dict], _contexts: list[str]
-) -> TaskResult:
-    from lmforge.eval.code_tasks import run_code_task
-
-    return run_code_task(backend, spec, docs)
-
-
 def _argmax(values: list[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)
 
@@ -308,7 +261,7 @@ RUNNERS: dict[str, Callable[..., TaskResult]] = {
     "loglikelihood": _loglikelihood,
     "loglikelihood_rolling": _rolling,
     "generate_until": _generate,
-    "code": _code,
+    "code": lambda backend, spec, docs, _contexts: run_code_task(backend, spec, docs),
 }
 
 

@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from lmforge.infer.engine import SamplingParams
 from lmforge.tokenizer.chat_template import Message
 
-MAX_STOPS = 4
+# OpenAI allows 4 stop strings; like vLLM, more are accepted: lm-eval's API backends send a
+# task's `until` plus the end-of-text token (HumanEval's 5 + 1).
+MAX_STOPS = 16
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI and vLLM allow
 
 

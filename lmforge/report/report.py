@@ -43,6 +43,7 @@ class ReportData:
     # calibrated_tokens_per_s (timed before training), trained tokens_per_s, and
     # others_cpu_share: the CPU capacity other processes used while it trained (None: unknown)
     machine_load: dict | None = None
+    tasks: dict | None = None  # eval/summary.json of the code suite (lmforge.eval.evaluate.save)
 
 
 def write_report(run_dir: str | Path, data: ReportData) -> Path:
@@ -204,6 +205,61 @@ def _machine_load(load: dict | None) -> list[str]:
     ]
 
 
+def _tasks(summary: dict | None) -> list[str]:
+    """The code suite's scores against chance, contamination, and 3 failures per task."""
+    if not summary:
+        return []
+    lines = [
+        "## Tasks: the code suite",
+        "",
+        "Built from the validation split's documents only, so no example was trained on. "
+        "Reproduce with `lmforge eval --checkpoint <run> --tasks code`.",
+        "",
+        "| task | kind | score | ± | chance | above chance | centered | contamination |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in summary["tasks"]:
+        m, head, chance = t["metrics"], t["headline"], t["baseline"]
+        err = m.get(f"{head}_stderr")
+        lines.append(
+            f"| {t['task']} ({t['examples']}) | {t['output_type']} | {head} {m[head]:.3f} | "
+            f"{err:.3f} | {chance:.3f} | {m[head] - chance:+.3f} | {t['centered']:.3f} | "
+            f"{t.get('contamination', float('nan')):.1%} |"
+            if err is not None
+            else f"| {t['task']} | {t['output_type']} | {head} {m[head]:.3f} | | | | | |"
+        )
+    aggregate = summary.get("code_suite_aggregate")
+    if aggregate is not None:
+        lines += [
+            "",
+            f"CORE-style aggregate, the mean of (score - chance) / (1 - chance): "
+            f"**{aggregate:.3f}** (0 is chance, 1 is perfect). Contamination: the share of "
+            "examples that share a 13-word n-gram with a training document.",
+        ]
+    lines += ["", "Failures, the first 3 per task:", ""]
+    for t in summary["tasks"]:
+        for r in t.get("failures", []):
+            lines.append(f"- {t['task']}: {_failure(r)}")
+    return [*lines, ""]
+
+
+def _failure(record: dict) -> str:
+    """One wrong example: the end of its prompt, what the model chose and what was right."""
+
+    def clip(text: object, n: int = 60) -> str:
+        text = str(text)
+        text = text if len(text) <= n else "…" + text[-n:]
+        return "`" + text.replace("`", "'").replace("\n", "⏎") + "`"
+
+    after = f"after {clip(record.get('prompt', ''))}"
+    choices, pred = record.get("choices"), record.get("prediction")
+    if choices is not None and isinstance(pred, int):
+        return f"{after} chose {clip(choices[pred], 40)}, not {clip(choices[record['gold']], 40)}"
+    if "generation" in record:
+        return f"{after} wrote {clip(record['generation'], 40)}, not {clip(record['gold'], 40)}"
+    return f"{after} the gold {clip(record.get('gold_text', ''), 40)} was not the greedy choice"
+
+
 def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
     """The report's Markdown; `plan` holds the plan-vs-measured rows (plan_table.py)."""
     stats, tok, ev, tr = data.data_stats, data.tokenizer, data.evaluation, data.training
@@ -213,6 +269,7 @@ def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
         "## Result",
         "",
         *_result(ev),
+        *_tasks(data.tasks),
         "## Data",
         "",
         "| | |",

@@ -233,7 +233,7 @@ TOO_SMALL = "greater than or equal to 1"
         (("/tokenize", {"prompt": "x", "model": "gpt-4"}), 404, "model", "does not exist"),
         (("/detokenize", {"tokens": [1, 320]}), 400, "tokens", "token id 320 is outside [0, 320)"),
         (("/detokenize", {"tokens": "abc"}), 400, "tokens", "valid list"),
-        (completion(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4 items"),
+        (completion(stop=[str(i) for i in range(17)]), 400, "stop", "at most 16 items"),
         (completion(prompt={"text": "x"}), 400, "prompt", "valid string"),
         (chat(messages=[]), 400, "messages", "at least 1"),
         (chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages.0.role", "'user'"),
