@@ -83,10 +83,30 @@ def pretrain(
     threads = threads or (sizing.threads if sizing else None)
     documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
     run_config = {**to_dict(cfg), TRAINED_ON: data_record(shard_dir, documents)}
-    result = train(cfg.model, cfg.train, shard_dir, out, run_config=run_config, threads=threads)
+    result = train(
+        cfg.model,
+        cfg.train,
+        shard_dir,
+        out,
+        run_config=run_config,
+        threads=threads,
+        score_tasks=_task_scorer(cfg, documents, shard_dir),
+    )
     if prepared is not None:
         _drop_ready_marker(prepared.root)  # every rank read it: they all trained together
     return result, prepared
+
+
+def _task_scorer(cfg: RunConfig, documents: str | None, shard_dir: str | Path):
+    """`train.eval_tasks` as the callback `train` scores its model with (eval/periodic.py)."""
+    names = [n.strip() for n in cfg.train.eval_tasks.split(",") if n.strip()]
+    if not names:
+        return None
+    from lmforge.eval.evaluate import RunDocuments
+    from lmforge.eval.periodic import task_evaluator
+
+    run_docs = RunDocuments(documents, cfg.data.val_fraction) if documents else None
+    return task_evaluator(names, run_docs, Path(shard_dir) / "tokenizer")
 
 
 def prepare_once(cfg: RunConfig, out: Path, fresh: bool, root: Path) -> Prepared:
@@ -168,7 +188,13 @@ def speedrun(
     before = load.sample()
     threads = threads or (sizing.threads if sizing else None)
     result = train(
-        cfg.model, cfg.train, prepared.shard_dir, out, run_config=run_config, threads=threads
+        cfg.model,
+        cfg.train,
+        prepared.shard_dir,
+        out,
+        run_config=run_config,
+        threads=threads,
+        score_tasks=_task_scorer(cfg, cfg.data.path or "stdlib", prepared.shard_dir),
     )
     machine_load = {
         "calibrated_tokens_per_s": _calibrated(sizing),

@@ -184,6 +184,7 @@ def _run(*args, cwd=None, env=None):
 
 def _speedrun(corpus_dir, out, env=None):
     settings = ["--set", "train.max_steps=60", "--set", "data.val_fraction=0.1"]
+    settings += ["--set", "train.eval_every=30", "--set", "train.eval_tasks=code"]
     return _run(
         "speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, *settings, env=env
     )
@@ -211,6 +212,9 @@ def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
     logs = [r for r in records if "loss" in r]
     assert all({"tokens_per_s", "step_time_s", "mfu", "peak_memory_mb"} <= set(r) for r in logs)
     assert (out / "checkpoints" / "step_60" / "model.safetensors").exists()
+    scored = [r for r in records if "task_code_next_line" in r]  # train.eval_tasks=code
+    assert [r["step"] for r in scored] == [30, 60]
+    assert all(0 <= r["task_code_closing"] <= 1 for r in scored)
     for stage in ("documents:", "tokenizer:", "tokens:", "evaluation:", "tasks:", "report:"):
         assert stage in stdout
 

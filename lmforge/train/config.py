@@ -33,6 +33,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100
     eval_batches: int = 16
+    eval_tasks: str = ""  # tasks scored at each validation, e.g. "code" (see `lmforge eval`)
     log_every: int = 10
     checkpoint_every: int = 0  # 0: only at the end (and on Ctrl-C)
     seed: int = 1337

@@ -22,10 +22,12 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
@@ -94,6 +96,7 @@ def train(
     run_config: dict | None = None,
     resume: bool = True,
     threads: int | None = None,
+    score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
 ) -> TrainResult:
     """Train on the `train` shard of `shard_dir`, validating on its `val` shard.
 
@@ -102,7 +105,8 @@ def train(
     checkpoint there when `resume` is set. Under torchrun, every rank calls this.
     `threads` (else LMFORGE_THREADS) fixes the CPU threads; without either, a run on the CPU
     times its first steps at a few counts and keeps the fastest (lmforge.threads). The
-    process's thread count is restored on return.
+    process's thread count is restored on return. `score_tasks` (from eval/periodic.py, for
+    `train.eval_tasks`) scores the model on tasks at each validation, logged as `task_<name>`.
     """
     cfg.validate()
     given = requested_threads(threads)
@@ -111,7 +115,16 @@ def train(
     try:
         with distributed(cfg.parallel, device, cfg.collective_timeout_s) as world:
             return _train(
-                model_config, cfg, shard_dir, out_dir, run_config, resume, device, world, given
+                model_config,
+                cfg,
+                shard_dir,
+                out_dir,
+                run_config,
+                resume,
+                device,
+                world,
+                given,
+                score_tasks,
             )
     finally:
         torch.set_num_threads(previous_threads)
@@ -127,8 +140,14 @@ def _train(
     device: torch.device,
     world: World | None,
     given_threads: tuple[int | None, str],
+    score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
 ) -> TrainResult:
     out_dir = Path(out_dir)
+    if score_tasks is not None and world is not None:
+        raise LmforgeError(
+            "train.eval_tasks scores tasks in a single-process run: leave it out under "
+            "torchrun and score the checkpoints with `lmforge eval --tasks`"
+        )
     device = world.device if world is not None else device
     main = world is None or world.is_main
     master_device = torch.device("cpu") if cfg.offload_optimizer else device
@@ -263,6 +282,10 @@ def _train(
         if main:
             loss, bpb = round(ev.loss, 5), round(ev.bpb, 5)
             metrics.write(step=step, val_loss=loss, val_bpb=bpb, eval_batches=cfg.eval_batches)
+        if score_tasks is not None:
+            scores = {f"task_{k}": round(v, 4) for k, v in score_tasks(model).items()}
+            metrics.write(step=step, **scores)
+            log("tasks: " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in scores.items()))
         return ev
 
     def checkpoint() -> Path:
