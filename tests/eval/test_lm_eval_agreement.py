@@ -252,3 +252,13 @@ def test_lm_eval_local_completions_against_lmforge_serve_equals_hf(setup, refere
     assert got["agree_mc"] == expected["agree_mc"]
     assert got["agree_gen"] == expected["agree_gen"]
     assert got["agree_rolling"] == pytest.approx(expected["agree_rolling"], abs=1e-6)
+
+
+def test_lmforge_eval_harness_lm_eval_runs_a_task_yaml(setup, reference, capsys):
+    from lmforge.cli import main
+
+    checkpoint, _, tasks, *_ = setup
+    args = ["eval", "--checkpoint", str(checkpoint), "--harness", "lm-eval"]
+    assert main([*args, "--tasks", str(tasks / "agree_mc.yaml")]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["agree_mc"]["acc,none"] == reference[1]["agree_mc"]["acc,none"]
