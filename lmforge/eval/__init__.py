@@ -1,5 +1,6 @@
-"""Evaluation of a checkpoint: validation loss, bits per byte, baselines (measured by
-lmforge.train.bpb, the same code periodic validation runs).
+"""Evaluation of a checkpoint: validation loss and bits per byte (measured by lmforge.train.bpb,
+the same code periodic validation runs), and scores on tasks (eval/tasks.py for the spec,
+eval/harness.py for running one, eval/evaluate.py for `lmforge eval --tasks`).
 
 Names import their module (and torch) on first use.
 """
@@ -11,6 +12,11 @@ _EXPORTS = {
     "evaluate": "lmforge.train.bpb",
     "token_byte_lengths": "lmforge.train.bpb",
     "unigram_bpb": "lmforge.train.bpb",
+    "EngineBackend": "lmforge.eval.backend",
+    "TaskSpec": "lmforge.eval.tasks",
+    "load_spec": "lmforge.eval.tasks",
+    "run_task": "lmforge.eval.harness",
+    "code_suite": "lmforge.eval.code_suite",
 }
 
 __all__ = list(_EXPORTS)

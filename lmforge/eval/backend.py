@@ -79,12 +79,14 @@ class EngineBackend:
 
     # ---- log-likelihoods --------------------------------------------------------------------
 
-    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        return encode_pair(self.tokenizer, context, continuation, self.prefix_id, self.bos)
-
     def loglikelihood(self, requests: list[tuple[str, str]]) -> list[TokenScores]:
         """Scores of each continuation given its context (text), lm-eval's split and cut."""
-        return self.loglikelihood_tokens([self.encode_pair(c, x) for c, x in requests])
+        contexts: dict[str, list[int]] = {}
+        pairs = [
+            encode_pair(self.tokenizer, c, x, self.prefix_id, self.bos, contexts)
+            for c, x in requests
+        ]
+        return self.loglikelihood_tokens(pairs)
 
     def loglikelihood_tokens(self, pairs: list[tuple[list[int], list[int]]]) -> list[TokenScores]:
         fitted = [fit_window(c, x, self.max_length) for c, x in pairs]

@@ -28,11 +28,17 @@ def encode(tokenizer: Tokenizer, text: str, bos: int | None = None) -> list[int]
 
 
 def encode_pair(
-    tokenizer: Tokenizer, context: str, continuation: str, prefix_id: int, bos: int | None = None
+    tokenizer: Tokenizer,
+    context: str,
+    continuation: str,
+    prefix_id: int,
+    bos: int | None = None,
+    contexts: dict[str, list[int]] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Context and continuation ids. Trailing spaces of the context move to the continuation;
     both are encoded together and split after the context's own encoding, so the ids at the
-    seam are the ones the whole text gets. An empty context is the prefix token alone."""
+    seam are the ones the whole text gets. An empty context is the prefix token alone.
+    `contexts` memoizes context encodings (a question's choices share one)."""
     if not context:
         ids = encode(tokenizer, continuation)
         return ([prefix_id], ids) if ids[:1] != [prefix_id] else (ids[:1], ids[1:])
@@ -40,7 +46,12 @@ def encode_pair(
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     whole = encode(tokenizer, context + continuation, bos)
-    context_ids = encode(tokenizer, context, bos)
+    if contexts is None:
+        context_ids = encode(tokenizer, context, bos)
+    else:
+        if context not in contexts:
+            contexts[context] = encode(tokenizer, context, bos)
+        context_ids = contexts[context]
     return context_ids, whole[len(context_ids) :]
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
 
 BATCH_TOKENS = 4096  # context tokens per forward pass, padding included
+CONTINUATION_ROWS = 16  # continuations per forward pass, grouped by length
 
 
 @dataclass
@@ -54,17 +55,21 @@ class RowCache:
     by attention, given per-row positions.
     """
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], pos: torch.Tensor) -> None:
+    def __init__(
+        self, k: list[torch.Tensor], v: list[torch.Tensor], pos: int | torch.Tensor
+    ) -> None:
         self.k, self.v, self.pos = k, v, pos
-        self._rows = torch.arange(len(pos), device=pos.device)[:, None]
+        self._rows = torch.arange(k[0].shape[0], device=k[0].device)[:, None]
 
     @classmethod
     def empty(cls, model: Transformer, batch_size: int, length: int) -> RowCache:
+        """A cache whose rows all start at position 0: its first forward pass attends causally
+        (SDPA's fused causal kernel), as an int position tells attention."""
         c, weight = model.config, model.tok_embeddings.weight
         shape = (batch_size, c.kv_heads, length, c.head_dim)
         k = [weight.new_zeros(shape) for _ in range(c.n_layers)]
         v = [weight.new_zeros(shape) for _ in range(c.n_layers)]
-        return cls(k, v, torch.zeros(batch_size, dtype=torch.long, device=weight.device))
+        return cls(k, v, 0)
 
     def rows(self, index: torch.Tensor, length: int) -> RowCache:
         """A cache of the rows `index` (repeats allowed), with room for `length` positions."""
@@ -75,19 +80,28 @@ class RowCache:
             out[:, :, :keep] = t[index, :, :keep]
             return out
 
-        return RowCache([take(k) for k in self.k], [take(v) for v in self.v], self.pos[index])
+        return RowCache([take(k) for k in self.k], [take(v) for v in self.v], 0)
+
+    def _last(self) -> int:
+        return self.pos if isinstance(self.pos, int) else int(self.pos.max())
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
-        if batch_size != len(self.pos) or int(self.pos.max()) + n_new > self.k[0].shape[2]:
+        rows, length = self.k[0].shape[0], self.k[0].shape[2]
+        if batch_size != rows or self._last() + n_new > length:
             raise LmforgeError(
-                f"{batch_size} x {n_new} new tokens do not fit a row cache of {len(self.pos)} "
-                f"rows x {self.k[0].shape[2]} positions"
+                f"{batch_size} x {n_new} new tokens do not fit a row cache of {rows} "
+                f"rows x {length} positions"
             )
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = k.shape[2]
+        if isinstance(self.pos, int):  # every row at the same position
+            end = self.pos + t
+            self.k[layer][:, :, self.pos : end] = k
+            self.v[layer][:, :, self.pos : end] = v
+            return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
         at = self.pos[:, None] + torch.arange(t, device=k.device)  # (B, T)
         self.k[layer][self._rows, :, at] = k.transpose(1, 2)
         self.v[layer][self._rows, :, at] = v.transpose(1, 2)
@@ -171,34 +185,35 @@ def _score_batch(
     for row, (context, _) in enumerate(groups):
         ids[row, : len(context)] = torch.tensor(context)
     cache = RowCache.empty(model, len(groups), width)
-    context_logits = model(ids, kv_cache=cache)
     last = torch.tensor(lengths, device=device) - 1
-    first_logprobs = context_logits[torch.arange(len(groups)), last].float().log_softmax(-1)
+    first_logprobs = model(ids, kv_cache=cache, logits_at=last)[:, 0].float().log_softmax(-1)
 
     members = [(row, i) for row, (_, indices) in enumerate(groups) for i in indices]
-    rest = max(len(requests[i][1]) for _, i in members) - 1
-    rest_logprobs = None
-    if rest > 0:
-        index = torch.tensor([row for row, _ in members], device=device)
-        rows = cache.rows(index, width + rest)
-        rows.pos = last[index] + 1
-        cont = torch.zeros(len(members), rest, dtype=torch.long, device=device)
-        for r, (_, i) in enumerate(members):
-            tail = list(requests[i][1][:-1])
-            cont[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
-        rest_logprobs = model(cont, kv_cache=rows).float().log_softmax(-1)
-
+    # Continuations run longest first in chunks of similar length, so little is padding.
+    members.sort(key=lambda m: -len(requests[m[1]][1]))
     out = []
-    for r, (row, i) in enumerate(members):
-        continuation = list(requests[i][1])
-        if not continuation:
-            out.append((i, TokenScores([], [], [] if top_n else None)))
-            continue
-        steps = [first_logprobs[row]]
-        if len(continuation) > 1:
-            steps.append(rest_logprobs[r, : len(continuation) - 1])
-        logprobs = torch.vstack([s.reshape(-1, s.shape[-1]) for s in steps])
-        out.append((i, _token_scores(logprobs, continuation, top_n)))
+    for start in range(0, len(members), CONTINUATION_ROWS):
+        chunk = members[start : start + CONTINUATION_ROWS]
+        rest = len(requests[chunk[0][1]][1]) - 1
+        rest_logprobs = None
+        if rest > 0:
+            index = torch.tensor([row for row, _ in chunk], device=device)
+            rows = cache.rows(index, int(last[index].max()) + 1 + rest)
+            rows.pos = last[index] + 1
+            cont = torch.zeros(len(chunk), rest, dtype=torch.long, device=device)
+            for r, (_, i) in enumerate(chunk):
+                tail = list(requests[i][1][:-1])
+                cont[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
+            rest_logprobs = model(cont, kv_cache=rows).float().log_softmax(-1)
+        for r, (row, i) in enumerate(chunk):
+            continuation = list(requests[i][1])
+            if not continuation:
+                out.append((i, TokenScores([], [], [] if top_n else None)))
+                continue
+            steps = [first_logprobs[row][None]]
+            if len(continuation) > 1:
+                steps.append(rest_logprobs[r, : len(continuation) - 1])
+            out.append((i, _token_scores(torch.cat(steps), continuation, top_n)))
     return out
 
 

@@ -60,12 +60,17 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(
-        self, ids: torch.Tensor, kv_cache: Cache | None = None, last_only: bool = False
+        self,
+        ids: torch.Tensor,
+        kv_cache: Cache | None = None,
+        last_only: bool = False,
+        logits_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given.
 
         last_only computes logits for the last position alone (B, 1, vocab_size), as generation
-        needs after a prefill.
+        needs after a prefill; logits_at (B,) for one position of each row (B, 1, vocab_size),
+        as scoring right-padded rows needs.
         """
         b, t = ids.shape
         start = 0 if kv_cache is None else kv_cache.pos  # an int, or per-row LongTensor (B,)
@@ -80,7 +85,11 @@ class Transformer(nn.Module):
         cos, sin = self.rope(start, t)
         for layer in self.layers:
             h = layer(h, cos, sin, kv_cache)
-        logits = self.output(self.norm(h[:, -1:] if last_only else h))
+        if logits_at is not None:
+            h = h[torch.arange(b, device=h.device), logits_at][:, None]
+        elif last_only:
+            h = h[:, -1:]
+        logits = self.output(self.norm(h))
         if kv_cache is not None:
             kv_cache.advance(t)  # only now: every layer wrote its K/V at the same position
         return logits

@@ -1,0 +1,420 @@
+"""Evaluation speed: lmforge's evaluator against lm-evaluation-harness's hf backend, side by side.
+
+One multiple-choice task, one checkpoint, two evaluators, in one run:
+
+- the task: lmforge's `code_next_line` (the true next line of a function against 3 lines drawn
+  from other files, 4 choices), 500 examples built from the validation split of the Python
+  standard library (DataConfig's val_fraction, 0.01, the speedrun's split), written as a JSONL
+  file and an lm-eval task YAML over it (`dataset_path: json`). Both sides run that one YAML:
+  lmforge with `load_spec` + `run_task`, lm-eval with `simple_evaluate` and a TaskManager that
+  includes its folder;
+- the checkpoint: a randomly initialised model (speed does not depend on the weights' values)
+  saved with `save_checkpoint` and exported with `export_hf`, in fp32. lmforge reads the
+  checkpoint (`EngineBackend.from_checkpoint`), lm-eval the Hugging Face folder (`HFLM`,
+  dtype float32, transformers' LlamaForCausalLM). Tokenizer: the speedrun's prepared one
+  (vocabulary 4096) where it is cached, else one trained here on the standard library's
+  training split with `train_bpe`;
+- two shapes: "speedrun" (the `small` preset's model: d_model 256, 4 layers, context 256) and
+  "134M" (bench_infer's large shape, d_model 768, 12 layers, 12 heads, context 512, here with
+  the tokenizer's vocabulary of 4096 rather than 32,000, so 91M parameters), on the first
+  --limit-134m examples only (default 100: lm-eval needs minutes per pass on 2 cores);
+- both on the CPU with the same torch thread count (--threads, default 2, this machine's cores);
+  the engine's scheduler thread inherits it (checked).
+
+Timed: the evaluation only, each side's model loaded once (one `EngineBackend`, one `HFLM`
+object passed as `model=`), from the task YAML to the metrics: `run_task(load_spec(...))` and
+`simple_evaluate(model=lm, tasks=[...], log_samples=True, bootstrap_iters=0)`. The time inside
+each side's `loglikelihood` call (the model's part) is recorded beside it. One untimed warm-up
+pass of 16 examples per side first, then --reps (default 2) repetitions, interleaved
+(lm-eval, lmforge, lm-eval, lmforge...); medians of examples/s are reported. lm-eval's batch
+size is the fastest of --lm-eval-batches (8, 16, 32) on the first 64 examples of the speedrun
+shape, or --lm-eval-batch N; "auto" finds the largest batch that does not run out of memory,
+which on a CPU is simply its cap of 64, so it is not a choice of its own.
+
+Agreement, the proof that both measure the same thing: the same accuracy and per-example,
+per-choice log-likelihoods within 1e-3 (the max absolute difference is reported).
+
+Target: lmforge >= 3x lm-eval's examples/s on each shape. Writes
+benchmarks/results/bench_eval.json.
+
+    python benchmarks/bench_eval.py [--reps 2] [--threads 2] [--examples 500]
+        [--limit-134m 100] [--shapes speedrun,134M] [--lm-eval-batch N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+
+from lmforge.config import small
+from lmforge.data import is_validation, stdlib_documents
+from lmforge.device.cpuinfo import read_cpuinfo
+from lmforge.eval.backend import EngineBackend
+from lmforge.eval.code_suite import code_suite
+from lmforge.eval.harness import run_task
+from lmforge.eval.tasks import load_spec
+from lmforge.model import ModelConfig, Transformer
+from lmforge.model.hf import export_hf
+from lmforge.prepare import DataConfig
+from lmforge.speedrun import cache_root
+from lmforge.tokenizer import Tokenizer, train_bpe
+from lmforge.train.checkpoint import save_checkpoint
+
+RESULTS = Path(__file__).parent / "results" / "bench_eval.json"
+TASK = "bench_code_next_line"
+TARGET = 3.0  # lmforge's examples/s over lm-eval's
+TOLERANCE = 1e-3  # per-choice log-likelihoods
+WARMUP_EXAMPLES, SWEEP_EXAMPLES = 16, 64
+SHAPES = {  # d_model, layers, heads, context
+    "speedrun": (256, 4, 4, 256),
+    "134M": (768, 12, 12, 512),
+}
+
+
+def tokenizer_dir(work: Path) -> tuple[Path, str]:
+    """The speedrun's prepared tokenizer where cached, else one trained here (vocab 4096)."""
+    cfg = small()
+    cached = cache_root(cfg) / "tokenizer"
+    if (cached / "tokenizer.json").is_file():
+        return cached, f"the speedrun's prepared tokenizer ({cached})"
+    fraction = cfg.data.val_fraction
+    texts = (d.text for d in stdlib_documents() if not is_validation(d.id, fraction))
+    tokenizer = train_bpe(texts, cfg.tokenizer.vocab_size, cfg.tokenizer.special_tokens)
+    tokenizer.save(work / "tokenizer")
+    return work / "tokenizer", "trained here with train_bpe on the stdlib's training split"
+
+
+def write_task(folder: Path, examples: int) -> tuple[Path, float]:
+    """`examples` code_next_line documents as JSONL + an lm-eval task YAML over them."""
+    fraction = DataConfig.val_fraction
+    validation = [d for d in stdlib_documents() if is_validation(d.id, fraction)]
+    suite = {t.spec.task: t for t in code_suite(validation, examples)}
+    task = suite["code_next_line"]
+    if len(task.docs) < examples:
+        raise SystemExit(
+            f"the validation split ({fraction:g}) gives {len(task.docs)} examples, not "
+            f"{examples}: lower --examples"
+        )
+    data = folder / "code_next_line.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in task.docs))
+    spec = task.spec
+    (folder / f"{TASK}.yaml").write_text(
+        f"task: {TASK}\noutput_type: multiple_choice\ndataset_path: json\ntest_split: test\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        f"doc_to_text: {spec.doc_to_text}\ndoc_to_choice: {spec.doc_to_choice}\n"
+        f"doc_to_target: {spec.doc_to_target}\n"
+        f"target_delimiter: {json.dumps(spec.target_delimiter)}\n"
+        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    )
+    return folder / f"{TASK}.yaml", fraction
+
+
+def build_checkpoint(shape: str, tok_dir: Path, work: Path) -> tuple[Path, Path, int]:
+    """A random fp32 model of `shape`: lmforge's checkpoint and its Hugging Face export."""
+    tokenizer = Tokenizer.load(tok_dir)
+    d_model, layers, heads, context = SHAPES[shape]
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=d_model,
+        n_layers=layers,
+        n_heads=heads,
+        max_seq_len=context,
+    )
+    torch.manual_seed(0)
+    model = Transformer(config).float().eval()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpoint = save_checkpoint(work / "ckpt", 0, model, optimizer, {}, {}, {}, tok_dir)
+    hf_dir = export_hf(model, tokenizer, work / "hf")
+    return checkpoint, hf_dir, model.num_params()
+
+
+class Timed:
+    """Wraps an object's `loglikelihood` to add up the seconds spent in it (with `extra`
+    keyword arguments)."""
+
+    def __init__(self, obj, **extra) -> None:
+        self.seconds = 0.0
+        inner = obj.loglikelihood
+
+        def loglikelihood(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs, **extra)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        obj.loglikelihood = loglikelihood
+
+
+class LmEvalSide:
+    def __init__(self, hf_dir: Path, batch_size: int, task_dir: Path) -> None:
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+
+        self.lm = HFLM(pretrained=str(hf_dir), dtype="float32", batch_size=batch_size, device="cpu")
+        self.timer = Timed(self.lm, disable_tqdm=True)  # its progress bars
+        self.task_manager = TaskManager(include_path=str(task_dir))
+
+    def run(self, limit: int) -> dict:
+        import lm_eval
+
+        out = lm_eval.simple_evaluate(
+            model=self.lm,
+            tasks=[TASK],
+            task_manager=self.task_manager,
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+        )
+        rows = sorted(out["samples"][TASK], key=lambda r: r["doc_id"])
+        metrics = out["results"][TASK]
+        return {
+            "lls": [[float(resp[0][0]) for resp in row["resps"]] for row in rows],
+            "acc": metrics["acc,none"],
+            "acc_norm": metrics["acc_norm,none"],
+        }
+
+
+class LmforgeSide:
+    def __init__(self, checkpoint: Path, spec_path: Path) -> None:
+        self.backend = EngineBackend.from_checkpoint(checkpoint, "cpu")
+        self.timer = Timed(self.backend)
+        self.spec_path = spec_path
+
+    def run(self, limit: int) -> dict:
+        result = run_task(self.backend, load_spec(self.spec_path), limit=limit)
+        return {
+            "lls": [r["loglikelihoods"] for r in result.records],
+            "acc": result.metrics["acc"],
+            "acc_norm": result.metrics["acc_norm"],
+        }
+
+    def engine_threads(self) -> tuple[str, int]:
+        """The thread scoring runs on and torch's thread count there, seen by a forward hook."""
+        seen = []
+
+        def hook(module, args):
+            seen.append((threading.current_thread().name, torch.get_num_threads()))
+
+        handle = self.backend.engine.model.register_forward_pre_hook(hook)
+        try:
+            self.backend.engine.score([([1], [2])])
+        finally:
+            handle.remove()
+        return seen[0]
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def timed_run(side, limit: int) -> dict:
+    side.timer.seconds = 0.0
+    cpu, start = time.process_time(), time.perf_counter()
+    out = side.run(limit)
+    wall = time.perf_counter() - start
+    out.update(
+        wall_s=wall,
+        cpu_s=time.process_time() - cpu,
+        loglikelihood_s=side.timer.seconds,
+        examples=len(out["lls"]),
+        examples_per_s=len(out["lls"]) / wall,
+    )
+    return out
+
+
+def pick_lm_eval_batch(hf_dir: Path, task_dir: Path, candidates: list[int]) -> dict:
+    """lm-eval's fastest batch size of `candidates` on SWEEP_EXAMPLES examples (one warm-up)."""
+    rates = {}
+    for batch in candidates:
+        side = LmEvalSide(hf_dir, batch, task_dir)
+        side.run(WARMUP_EXAMPLES)
+        rates[batch] = timed_run(side, SWEEP_EXAMPLES)["examples_per_s"]
+        print(f"  lm-eval batch {batch}: {rates[batch]:.1f} examples/s", flush=True)
+        del side
+    return {"chosen": max(rates, key=rates.get), "examples_per_s": rates}
+
+
+def compare(a: dict, b: dict) -> dict:
+    diffs = [
+        abs(x - y)
+        for row_a, row_b in zip(a["lls"], b["lls"], strict=True)
+        for x, y in zip(row_a, row_b, strict=True)
+    ]
+    worst = max(diffs)
+    return {
+        "max_abs_ll_diff": worst,
+        "same_acc": a["acc"] == b["acc"],
+        "same_acc_norm": a["acc_norm"] == b["acc_norm"],
+        "agree": worst <= TOLERANCE and a["acc"] == b["acc"],
+    }
+
+
+def bench_shape(shape, limit, reps, batch, tok_dir, task_dir, spec_path, work) -> dict:
+    checkpoint, hf_dir, params = build_checkpoint(shape, tok_dir, work)
+    sides = {
+        "lm-eval": LmEvalSide(hf_dir, batch, task_dir),
+        "lmforge": LmforgeSide(checkpoint, spec_path),
+    }
+    engine_threads = sides["lmforge"].engine_threads()
+    for side in sides.values():
+        side.run(WARMUP_EXAMPLES)
+    runs = {name: [] for name in sides}
+    for rep in range(reps):
+        for name, side in sides.items():
+            run = timed_run(side, limit)
+            runs[name].append(run)
+            print(
+                f"  {shape} rep {rep + 1}/{reps} {name}: {run['examples_per_s']:.2f} examples/s "
+                f"({run['wall_s']:.1f} s, loglikelihood {run['loglikelihood_s']:.1f} s), "
+                f"acc {run['acc']:.4f}",
+                flush=True,
+            )
+    sides["lmforge"].close()
+    checks = [compare(a, b) for a, b in zip(runs["lm-eval"], runs["lmforge"], strict=True)]
+    summary = {}
+    for name, rs in runs.items():
+        summary[name] = {
+            "examples_per_s": statistics.median(r["examples_per_s"] for r in rs),
+            "wall_s": statistics.median(r["wall_s"] for r in rs),
+            "loglikelihood_s": statistics.median(r["loglikelihood_s"] for r in rs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+            "acc": rs[0]["acc"],
+            "acc_norm": rs[0]["acc_norm"],
+            "per_rep_examples_per_s": [round(r["examples_per_s"], 3) for r in rs],
+            "per_rep_wall_s": [round(r["wall_s"], 2) for r in rs],
+        }
+    ratio = summary["lmforge"]["examples_per_s"] / summary["lm-eval"]["examples_per_s"]
+    ll_ratio = summary["lm-eval"]["loglikelihood_s"] / summary["lmforge"]["loglikelihood_s"]
+    return {
+        "params": params,
+        "model": dict(
+            zip(("d_model", "n_layers", "n_heads", "max_seq_len"), SHAPES[shape], strict=True)
+        ),
+        "examples": limit,
+        "lm_eval_batch_size": batch,
+        "engine_thread_torch_threads": engine_threads,
+        "summary": summary,
+        "ratio": ratio,
+        "ratio_loglikelihood_only": ll_ratio,
+        "target_met": ratio >= TARGET,
+        "agreement": {
+            "max_abs_ll_diff": max(c["max_abs_ll_diff"] for c in checks),
+            "same_acc": all(c["same_acc"] for c in checks),
+            "same_acc_norm": all(c["same_acc_norm"] for c in checks),
+            "agree": all(c["agree"] for c in checks),
+        },
+    }
+
+
+def print_table(results: dict) -> None:
+    print()
+    print("| shape | params | examples | side | examples/s | s total | s in loglikelihood | acc |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shape, r in results.items():
+        for name, s in r["summary"].items():
+            print(
+                f"| {shape} | {r['params'] / 1e6:.1f}M | {r['examples']} | {name} | "
+                f"{s['examples_per_s']:.2f} | {s['wall_s']:.1f} | {s['loglikelihood_s']:.1f} | "
+                f"{s['acc']:.4f} |"
+            )
+    print()
+    for shape, r in results.items():
+        a = r["agreement"]
+        print(
+            f"{shape}: lmforge / lm-eval = {r['ratio']:.2f}x examples/s "
+            f"({r['ratio_loglikelihood_only']:.2f}x in loglikelihood alone); target >= "
+            f"{TARGET:g}x {'met' if r['target_met'] else 'NOT met'}; max |ll diff| "
+            f"{a['max_abs_ll_diff']:.2e}, same acc {a['same_acc']}, "
+            f"{'agree' if a['agree'] else 'DISAGREE'} (tolerance {TOLERANCE:g})"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions per side")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
+    parser.add_argument("--examples", type=int, default=500, help="examples (speedrun shape)")
+    parser.add_argument("--limit-134m", type=int, default=100, help="examples (134M shape)")
+    parser.add_argument("--shapes", default="speedrun,134M")
+    parser.add_argument("--lm-eval-batch", type=int, help="lm-eval's batch size (no sweep)")
+    parser.add_argument("--lm-eval-batches", default="8,16,32", help="the sweep's candidates")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import accelerate
+    import lm_eval
+    import transformers
+
+    shapes = args.shapes.split(",")
+    started = time.perf_counter()
+    results, sweep = {}, None
+    with tempfile.TemporaryDirectory(prefix="bench_eval_") as tmp:
+        work = Path(tmp)
+        tok_dir, tok_source = tokenizer_dir(work)
+        task_dir = work / "tasks"
+        task_dir.mkdir()
+        spec_path, fraction = write_task(task_dir, args.examples)
+        print(f"tokenizer: {tok_source}; {args.examples} examples; {args.threads} threads")
+        batch = args.lm_eval_batch
+        if batch is None:
+            print("lm-eval batch size sweep (speedrun shape):", flush=True)
+            _, hf_dir, _ = build_checkpoint("speedrun", tok_dir, work / "sweep")
+            candidates = [int(b) for b in args.lm_eval_batches.split(",")]
+            sweep = pick_lm_eval_batch(hf_dir, task_dir, candidates)
+            batch = sweep["chosen"]
+        for shape in shapes:
+            limit = args.limit_134m if shape == "134M" else args.examples
+            print(f"{shape}: {limit} examples, lm-eval batch {batch}", flush=True)
+            results[shape] = bench_shape(
+                shape, limit, args.reps, batch, tok_dir, task_dir, spec_path, work / shape
+            )
+    print_table(results)
+    cpu = read_cpuinfo()
+    out = {
+        "task": "code_next_line (lmforge's code suite), 4 choices, as an lm-eval YAML over JSONL",
+        "task_data": f"stdlib validation split, val_fraction {fraction:g} (DataConfig default)",
+        "tokenizer": tok_source,
+        "weights": "random init (speed does not depend on the values), fp32 on both sides",
+        "timed": "task YAML to metrics, models loaded once; medians over interleaved reps",
+        "target": f"lmforge >= {TARGET:g}x lm-eval examples/s",
+        "cpu": cpu.model,
+        "cpu_avx512_flags": sorted(f for f in cpu.features if f.startswith("avx512")),
+        "cores": os.cpu_count(),
+        "threads": args.threads,
+        "repetitions": args.reps,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "lm_eval": lm_eval.__version__,
+        "lm_eval_batch_size": batch,
+        "lm_eval_batch_sweep": sweep,
+        "load_average_after": os.getloadavg(),
+        "total_s": round(time.perf_counter() - started, 1),
+        "results": results,
+        "ratios": {shape: r["ratio"] for shape, r in results.items()},
+        "targets_met": {shape: r["target_met"] for shape, r in results.items()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
