@@ -21,7 +21,7 @@ import torch
 from lmforge.config import RunConfig, claim_run_dir, config_text, to_dict
 from lmforge.device import load
 from lmforge.errors import LmforgeError
-from lmforge.eval.evaluate import describe, evaluate_checkpoint_tasks
+from lmforge.eval.run_tasks import describe, evaluate_checkpoint_tasks
 from lmforge.infer import complete
 from lmforge.parallel.world import world_size_from_env
 from lmforge.prepare import Prepared, prepare_corpus
@@ -102,8 +102,8 @@ def _task_scorer(cfg: RunConfig, documents: str | None, shard_dir: str | Path):
     names = [n.strip() for n in cfg.train.eval_tasks.split(",") if n.strip()]
     if not names:
         return None
-    from lmforge.eval.evaluate import RunDocuments
     from lmforge.eval.periodic import task_evaluator
+    from lmforge.eval.run_tasks import RunDocuments
 
     run_docs = RunDocuments(documents, cfg.data.val_fraction) if documents else None
     return task_evaluator(names, run_docs, Path(shard_dir) / "tokenizer")

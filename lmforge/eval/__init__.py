@@ -1,6 +1,6 @@
 """Evaluation of a checkpoint: validation loss and bits per byte (measured by lmforge.train.bpb,
 the same code periodic validation runs), and scores on tasks (eval/tasks.py for the spec,
-eval/harness.py for running one, eval/evaluate.py for `lmforge eval --tasks`).
+eval/harness.py for running one, eval/run_tasks.py for `lmforge eval --tasks`).
 
 Names import their module (and torch) on first use.
 """
@@ -16,7 +16,6 @@ _EXPORTS = {
     "TaskSpec": "lmforge.eval.tasks",
     "load_spec": "lmforge.eval.tasks",
     "run_task": "lmforge.eval.harness",
-    "code_suite": "lmforge.eval.code_suite",
 }
 
 __all__ = list(_EXPORTS)

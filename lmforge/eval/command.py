@@ -53,7 +53,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results = run_lm_eval(args.checkpoint, names, args.limit, args.num_fewshot, args.batch_size)
         print(json.dumps(results, indent=1, default=str))
         return 0
-    from lmforge.eval.evaluate import describe, evaluate_checkpoint_tasks
+    from lmforge.eval.run_tasks import describe, evaluate_checkpoint_tasks
 
     results = evaluate_checkpoint_tasks(
         args.checkpoint,

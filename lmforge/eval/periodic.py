@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from lmforge.eval.backend import EngineBackend
-from lmforge.eval.evaluate import RunDocuments, resolve_tasks
 from lmforge.eval.harness import run_task
+from lmforge.eval.run_tasks import RunDocuments, resolve_tasks
 from lmforge.infer.engine import Engine
 from lmforge.tokenizer import Tokenizer
 

@@ -43,7 +43,7 @@ class ReportData:
     # calibrated_tokens_per_s (timed before training), trained tokens_per_s, and
     # others_cpu_share: the CPU capacity other processes used while it trained (None: unknown)
     machine_load: dict | None = None
-    tasks: dict | None = None  # eval/summary.json of the code suite (lmforge.eval.evaluate.save)
+    tasks: dict | None = None  # eval/summary.json of the code suite (lmforge.eval.run_tasks.save)
 
 
 def write_report(run_dir: str | Path, data: ReportData) -> Path:
