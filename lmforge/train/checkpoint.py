@@ -31,6 +31,7 @@ from safetensors.torch import load_model
 
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
+from lmforge.model.lora import LoraSpec, apply_lora, lora_spec_of, merge_lora
 from lmforge.train.checkpoint_dir import (
     STEP_PREFIX,
     check_model_shape,
@@ -65,6 +66,9 @@ def save_checkpoint(
 
     def write_metadata(tmp: Path) -> None:
         config = {"model": asdict(model.config), "run": run_config}
+        spec = lora_spec_of(model)
+        if spec is not None:  # the adapters are in model.safetensors beside the frozen weights
+            config["lora"] = spec.to_dict()
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
         (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
@@ -119,6 +123,12 @@ def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
+def read_lora(checkpoint: str | Path) -> LoraSpec | None:
+    """The LoRA settings a checkpoint's weights were trained with, if any."""
+    config = json.loads((resolve_checkpoint(checkpoint) / "config.json").read_text())
+    return LoraSpec(**config["lora"]) if config.get("lora") else None
+
+
 def saved_dtype(path: str | Path) -> torch.dtype:
     """The dtype the checkpoint at `path` stores its weights in (float32 for distributed ones)."""
     from safetensors import safe_open
@@ -165,16 +175,29 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
+def load_checkpoint(
+    path: str | Path, device: str | torch.device = "cpu", adapter: str | Path | None = None
+):
     """`(model, tokenizer)` from a checkpoint, checkpoints or run folder; the model in eval mode
-    on `device` (cpu, cuda, cuda:N, mps or auto). Every problem is a one-line LmforgeError."""
+    on `device` (cpu, cuda, cuda:N, mps or auto). A LoRA run's checkpoint comes with its
+    adapters merged; `adapter`, a PEFT LoRA folder, is merged on top. Every problem is a
+    one-line LmforgeError."""
     from lmforge.device.choice import pick_device
     from lmforge.tokenizer import Tokenizer
 
     device = pick_device(device)
     checkpoint = resolve_checkpoint(path)
     model = Transformer(read_model_config(checkpoint))
+    lora = read_lora(checkpoint)
+    if lora is not None:
+        apply_lora(model, lora)
     load_model_weights(model, checkpoint)
+    merge_lora(model)
+    if adapter is not None:
+        from lmforge.model.peft import load_adapter
+
+        load_adapter(model, adapter)
+        merge_lora(model)
     tokenizer = Tokenizer.load(checkpoint / "tokenizer")
     if tokenizer.vocab_size > model.config.vocab_size:
         raise LmforgeError(
