@@ -31,10 +31,9 @@ from lmforge.report.report import ReportData, Sample, warn_if_behind_baseline, w
 from lmforge.threads import requested_threads, using_threads
 from lmforge.tokens import load_tokens
 from lmforge.train import TrainResult, train
-from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths, unigram_bpb
+from lmforge.train.bpb import EvalResult, eval_batches, evaluate, token_byte_lengths, unigram_bpb
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import TRAINED_ON, data_record
-from lmforge.train.loop import eval_batches
 from lmforge.train.metrics import read_metrics
 from lmforge.train.signals import RunStopped, exit_status, stopped_message
 

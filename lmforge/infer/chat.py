@@ -106,9 +106,10 @@ def run_chat(
     device: str = "cpu",
     *,
     compile: bool = False,
+    adapter: str | Path | None = None,
 ) -> None:
-    """`lmforge chat`: load a checkpoint and talk to it on stdin/stdout."""
-    model, tokenizer = load_for_decode(checkpoint, device)
+    """`lmforge chat`: load a checkpoint (and a LoRA adapter) and talk to it on stdin/stdout."""
+    model, tokenizer = load_for_decode(checkpoint, device, adapter)
     engine = Engine(model, tokenizer, max_batch_size=1, compile=compile, relayout_weights=True)
     with engine:
         template = ChatTemplate(tokenizer)

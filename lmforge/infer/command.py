@@ -20,6 +20,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--beams print one JSON line per prompt.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--adapter", help="a LoRA adapter folder (PEFT format) merged in on load")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", help="text to continue")
     prompts.add_argument(
@@ -74,6 +75,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "pip install 'lmforge[serve]'.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--adapter", help="a LoRA adapter folder (PEFT format) merged in on load")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together")
@@ -96,6 +98,7 @@ def _add_chat(commands: argparse._SubParsersAction) -> None:
         "are left out when it outgrows the context. /reset starts over, /exit quits.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint or run folder")
+    p.add_argument("--adapter", help="a LoRA adapter folder (PEFT format) merged in on load")
     p.add_argument("--max-tokens", type=int, default=128, help="longest reply, in tokens")
     p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
@@ -126,6 +129,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         compile=args.compile,
         device=args.device,
+        adapter=args.adapter,
     )
     return 0
 
@@ -144,6 +148,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.model_name,
         args.device,
         compile=args.compile,
+        adapter=args.adapter,
     )
     return 0
 
@@ -158,5 +163,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
-    run_chat(args.checkpoint, params, args.system, args.device, compile=args.compile)
+    options = {"compile": args.compile, "adapter": args.adapter}
+    run_chat(args.checkpoint, params, args.system, args.device, **options)
     return 0

@@ -152,10 +152,11 @@ def run_generate(
     compile: bool = False,
     device: str = "cpu",
     out: TextIO | None = None,
+    adapter: str | None = None,
 ) -> None:
     """Complete each prompt: streamed text when `stream` (one prompt), else JSON lines."""
     out = sys.stdout if out is None else out
-    model, tokenizer = load_for_decode(checkpoint, device)
+    model, tokenizer = load_for_decode(checkpoint, device, adapter)
     encoded = [prompt_ids(tokenizer, p) for p in prompts]
     fitted = fit_context(encoded, params.max_tokens, model.config.max_seq_len, sys.stderr)
     ids = [prompt_tokens for prompt_tokens, _ in fitted]

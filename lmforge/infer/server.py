@@ -743,12 +743,13 @@ def serve(
     device: str = "cpu",
     *,
     compile: bool = False,
+    adapter: str | Path | None = None,
 ) -> None:
-    """`lmforge serve`: load a checkpoint and serve it until Ctrl-C."""
+    """`lmforge serve`: load a checkpoint (and a LoRA adapter) and serve it until Ctrl-C."""
     import uvicorn
 
     check_port(host, port)  # before the model loads, and before the banner
-    model, tokenizer = load_for_decode(checkpoint, device)
+    model, tokenizer = load_for_decode(checkpoint, device, adapter)
     name = model_name or Path(checkpoint).resolve().name
     engine = Engine(
         model, tokenizer, max_batch_size=max_batch_size, compile=compile, relayout_weights=True

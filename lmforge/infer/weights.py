@@ -106,13 +106,15 @@ def decode_dtype(saved: torch.dtype, device: torch.device | str) -> torch.dtype:
     return saved if saved == torch.bfloat16 and cpu_capability().fast_bf16() else torch.float32
 
 
-def load_for_decode(checkpoint: str | Path, device: torch.device | str = "cpu"):
+def load_for_decode(
+    checkpoint: str | Path, device: torch.device | str = "cpu", adapter: str | Path | None = None
+):
     """`(model, tokenizer)` of a checkpoint through train.checkpoint.load_checkpoint (which
-    checks the device and the folder, with one-line errors), in the dtype `decode_dtype` picks
-    for it on `device`."""
+    checks the device and the folder, with one-line errors; a LoRA `adapter` folder is merged
+    in), in the dtype `decode_dtype` picks for it on `device`."""
     from lmforge.train.checkpoint import load_checkpoint, saved_dtype
 
-    model, tokenizer = load_checkpoint(checkpoint, device)
+    model, tokenizer = load_checkpoint(checkpoint, device, adapter)
     placed = next(model.parameters()).device  # "auto" resolved
     return model.to(decode_dtype(saved_dtype(checkpoint), placed)), tokenizer
 

@@ -16,15 +16,23 @@ if TYPE_CHECKING:
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int | torch.Tensor = 0,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of T queries at positions start.. over keys at positions 0 .. start+T-1.
 
     q is (B, H, T, D); k, v are (B, H_kv, start+T, D) with H_kv dividing H. A LongTensor start
     (B,) gives each row its own position; keys past a row's own are then masked out.
+    `documents` (B, 1, T, T), a boolean mask from `document_mask`, replaces the causal mask of
+    rows that pack several documents.
     """
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
+    if documents is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=documents, enable_gqa=gqa)
     mask = None
     if isinstance(start, torch.Tensor):
         last = start[:, None, None, None] + torch.arange(t, device=q.device)[:, None]
@@ -40,6 +48,24 @@ def causal_attention(
     # is_causal aligns the mask to the top-left corner, which is wrong once start > 0.
     mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=start)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def document_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T): query i sees key j when j <= i and both lie in the same document of
+    `segments` (B, T), the document number of each position."""
+    t = segments.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=segments.device).tril()
+    return (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
+
+
+def segment_positions(segments: torch.Tensor) -> torch.Tensor:
+    """(B, T): each position's offset from the start of its document, as if it were alone."""
+    t = segments.shape[1]
+    index = torch.arange(t, device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
 
 
 def _one_query_attention(
@@ -79,6 +105,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: Cache | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads
@@ -90,5 +117,5 @@ class Attention(nn.Module):
         if kv_cache is not None:
             start = kv_cache.pos
             k, v = kv_cache.update(self.layer_idx, k, v)
-        y = causal_attention(q, k, v, start)
+        y = causal_attention(q, k, v, start, documents)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))

@@ -89,4 +89,8 @@ class RotaryEmbedding(nn.Module):
         if isinstance(start, int):
             return self.cos[start : start + length], self.sin[start : start + length]
         positions = start[:, None] + torch.arange(length, device=start.device)
+        return self.at(positions)
+
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions (B, T), each of shape (B, 1, T, head_dim)."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.model.attention import Attention
+from lmforge.model.attention import Attention, document_mask, segment_positions
 from lmforge.model.config import ModelConfig
 from lmforge.model.layers import Embedding, Linear, RMSNorm, SwiGLU
 from lmforge.model.moe import MoE
@@ -39,8 +39,9 @@ class Block(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: Cache | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache)
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, documents)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -65,12 +66,15 @@ class Transformer(nn.Module):
         kv_cache: Cache | None = None,
         last_only: bool = False,
         logits_at: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given.
 
         last_only computes logits for the last position alone (B, 1, vocab_size), as generation
         needs after a prefill; logits_at (B,) for one position of each row (B, 1, vocab_size),
-        as scoring right-padded rows needs.
+        as scoring right-padded rows needs. segments (B, T) numbers the documents packed in each
+        row: attention and positions then stay inside each document, so every one computes as
+        if it were alone (fine-tuning on packed conversations).
         """
         b, t = ids.shape
         start = 0 if kv_cache is None else kv_cache.pos  # an int, or per-row LongTensor (B,)
@@ -82,9 +86,16 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.check_fits(b, t)
         h = self.tok_embeddings(ids)
-        cos, sin = self.rope(start, t)
+        documents = None
+        if segments is None:
+            cos, sin = self.rope(start, t)
+        elif kv_cache is not None:
+            raise LmforgeError("packed documents (segments) are for training: pass no kv_cache")
+        else:
+            cos, sin = self.rope.at(segment_positions(segments))
+            documents = document_mask(segments)
         for layer in self.layers:
-            h = layer(h, cos, sin, kv_cache)
+            h = layer(h, cos, sin, kv_cache, documents)
         if logits_at is not None:
             h = h[torch.arange(b, device=h.device), logits_at][:, None]
         elif last_only:

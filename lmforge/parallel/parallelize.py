@@ -83,6 +83,6 @@ class FullLogits(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.module(x)
+    def forward(self, x: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        logits = self.module(x, **kwargs)
         return logits.full_tensor() if hasattr(logits, "full_tensor") else logits

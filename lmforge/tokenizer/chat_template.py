@@ -98,6 +98,26 @@ class ChatTemplate:
         ids = fixed + [t for turn in kept for t in turn] + self._reply_start()
         return ids, len(turns) - len(kept)
 
+    def render(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+        """A whole conversation for fine-tuning: its ids, and a loss mask of 1 on exactly the
+        tokens the model must generate: each assistant message's text and the token that
+        ends it (`<|im_end|>`; in the plain format, which has no end token, the text with its
+        newline, and `<|endoftext|>` after a final assistant message). The same turns as
+        `prompt_ids`, so a model fine-tuned on them answers the prompts it builds."""
+        check_messages(messages)
+        ids = self._start()
+        mask = [0] * len(ids)
+        eot = self.tokenizer.eot_id
+        for i, message in enumerate(messages):
+            header, body, end = self._parts(message)
+            learn = int(message.role == "assistant")
+            if learn and not self.chatml and i == len(messages) - 1 and eot is not None:
+                end = [eot]  # the plain format's final reply ends the document
+            stop = min(1, len(end))  # the end token, if the format has one
+            ids += header + body + end
+            mask += [0] * len(header) + [learn] * (len(body) + stop) + [0] * (len(end) - stop)
+        return ids, mask
+
     def jinja(self) -> str:
         """This format as a Jinja chat template (Hugging Face's `chat_template`, for exports):
         with `add_generation_prompt` it renders the text whose tokens `prompt_ids` gives.
@@ -136,18 +156,21 @@ class ChatTemplate:
         return [] if eot is None else [eot]
 
     def _turn(self, message: Message) -> list[int]:
+        header, body, end = self._parts(message)
+        return header + body + end
+
+    def _parts(self, message: Message) -> tuple[list[int], list[int], list[int]]:
+        """A message's turn as (header, body, end): the role's header is encoded apart from
+        the text, as a reply is generated after `_reply_start`."""
         encode = self.tokenizer.encode_ordinary
         if self.chatml:
             specials = self.tokenizer.special_tokens
-            body = encode(f"{message.role}\n{message.content}")
-            return [specials[IM_START], *body, specials[IM_END], *encode("\n")]
-        return encode(f"{message.role.capitalize()}: {message.content}\n")
+            header = [specials[IM_START], *encode(f"{message.role}\n")]
+            return header, encode(message.content), [specials[IM_END], *encode("\n")]
+        return encode(f"{message.role.capitalize()}:"), encode(f" {message.content}\n"), []
 
     def _reply_start(self) -> list[int]:
-        encode = self.tokenizer.encode_ordinary
-        if self.chatml:
-            return [self.tokenizer.special_tokens[IM_START], *encode("assistant\n")]
-        return encode("Assistant:")
+        return self._parts(Message("assistant", ""))[0]
 
 
 class ReplyStripper:

@@ -51,6 +51,12 @@ def eval_windows(data: np.ndarray, context_length: int, max_windows: int) -> np.
     return np.arange(0, len(data) - context_length, context_length)[:max_windows]
 
 
+def eval_batches(tokens: int, seq_len: int, batch_size: int, max_batches: int) -> int:
+    """How many batches `evaluate` runs on `tokens` validation tokens (for its progress bar)."""
+    windows = max(0, math.ceil((tokens - seq_len) / seq_len))
+    return math.ceil(min(windows, batch_size * max_batches) / batch_size)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,

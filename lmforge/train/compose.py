@@ -42,15 +42,18 @@ class Composed:
     world: World | None = None  # set when training on many processes
     evaluator: nn.Module | None = None  # what evaluation runs, if not `compute`
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy, computed in fp32 whatever the forward's precision.
+    def loss(
+        self, x: torch.Tensor, y: torch.Tensor, segments: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Mean cross-entropy over the targets that are not -100, computed in fp32 whatever
+        the forward's precision. `segments` (B, T) keeps attention inside each packed document.
 
         Under tensor parallelism the logits are vocabulary shards and this runs inside
         `micro_step`, which computes the loss on the shards; the result is a plain tensor.
         """
         with self.precision.autocast():
-            logits = self.compute(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            logits = self.compute(x) if segments is None else self.compute(x, segments=segments)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
         return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:

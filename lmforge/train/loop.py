@@ -36,15 +36,13 @@ from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.world import World, any_rank, distributed, from_rank_zero, mean_over_data
 from lmforge.progress import bar, bar_per_call
 from lmforge.threads import ThreadTrial, requested_threads
-from lmforge.tokenizer import Tokenizer
-from lmforge.tokens import load_tokens, read_meta
-from lmforge.train.batches import make_batches
-from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths
+from lmforge.train.bpb import EvalResult
 from lmforge.train.budget import StepClock, refit, steps_in_budget
 from lmforge.train.checkpoint import load_model_weights, load_training_state, save_checkpoint
 from lmforge.train.checkpoint_dir import is_distributed, list_checkpoints
 from lmforge.train.compose import compose
 from lmforge.train.config import TrainConfig
+from lmforge.train.data import TrainingData, as_training_data
 from lmforge.train.guard import NonFiniteGuard
 from lmforge.train.memory import peak_memory_bytes
 from lmforge.train.metrics import MetricsLog
@@ -91,22 +89,27 @@ class TrainResult:
 def train(
     model_config: ModelConfig,
     cfg: TrainConfig,
-    shard_dir: str | Path,
+    data: str | Path | TrainingData,
     out_dir: str | Path,
     run_config: dict | None = None,
     resume: bool = True,
     threads: int | None = None,
     score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
+    init_model: Callable[[Transformer], None] | None = None,
 ) -> TrainResult:
-    """Train on the `train` shard of `shard_dir`, validating on its `val` shard.
+    """Train on `data`: a token shard folder (its `train` shard, validating on its `val` shard)
+    or another TrainingData (train/data.py), such as post-training's conversations.
 
-    The tokenizer is the copy the shards carry (`shard_dir/tokenizer`); checkpoints carry it on.
+    The tokenizer is the copy the data carries (`shard_dir/tokenizer`); checkpoints carry it on.
     Writes `metrics.jsonl` and `checkpoints/step_N/` under `out_dir`; resumes from the newest
     checkpoint there when `resume` is set. Under torchrun, every rank calls this.
     `threads` (else LMFORGE_THREADS) fixes the CPU threads; without either, a run on the CPU
     times its first steps at a few counts and keeps the fastest (lmforge.threads). The
     process's thread count is restored on return. `score_tasks` (from eval/periodic.py, for
     `train.eval_tasks`) scores the model on tasks at each validation, logged as `task_<name>`.
+    `init_model` prepares the new fp32 model before anything else sees it (fine-tuning loads
+    its base weights there and may add LoRA adapters); a resumed run then loads its checkpoint
+    over it.
     """
     cfg.validate()
     given = requested_threads(threads)
@@ -117,7 +120,7 @@ def train(
             return _train(
                 model_config,
                 cfg,
-                shard_dir,
+                as_training_data(data),
                 out_dir,
                 run_config,
                 resume,
@@ -125,6 +128,7 @@ def train(
                 world,
                 given,
                 score_tasks,
+                init_model,
             )
     finally:
         torch.set_num_threads(previous_threads)
@@ -133,7 +137,7 @@ def train(
 def _train(
     model_config: ModelConfig,
     cfg: TrainConfig,
-    shard_dir: str | Path,
+    data: TrainingData,
     out_dir: str | Path,
     run_config: dict | None,
     resume: bool,
@@ -141,6 +145,7 @@ def _train(
     world: World | None,
     given_threads: tuple[int | None, str],
     score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
+    init_model: Callable[[Transformer], None] | None = None,
 ) -> TrainResult:
     out_dir = Path(out_dir)
     if score_tasks is not None and world is not None:
@@ -153,15 +158,8 @@ def _train(
     master_device = torch.device("cpu") if cfg.offload_optimizer else device
     torch.manual_seed(cfg.seed)
 
-    meta = read_meta(shard_dir)
-    tokenizer_dir = Path(shard_dir) / "tokenizer"
-    tokenizer = Tokenizer.load(tokenizer_dir)
-    if meta.tokenizer_fingerprint != tokenizer.fingerprint():
-        raise LmforgeError(
-            f"token shards in {shard_dir} do not match the tokenizer in {tokenizer_dir}: "
-            "re-tokenize with `lmforge tokenize`"
-        )
-    model_config = dataclasses.replace(model_config, vocab_size=meta.vocab_size)
+    tokenizer_dir = data.tokenizer_dir
+    model_config = dataclasses.replace(model_config, vocab_size=data.vocab_size)
     if cfg.seq_len > model_config.max_seq_len:
         raise LmforgeError(
             f"train.seq_len {cfg.seq_len} exceeds model.max_seq_len {model_config.max_seq_len}: "
@@ -172,11 +170,12 @@ def _train(
         from lmforge.train import distributed  # heavier: import only when used
 
         distributed.check_parallel(world, cfg, model_config)
-    val_tokens = load_tokens(shard_dir, "val")
-    byte_lengths = token_byte_lengths(tokenizer)
     precision = make_precision(cfg.precision, device, cfg.cast_module)
 
-    model = Transformer(model_config).to(master_device)
+    model = Transformer(model_config)
+    if init_model is not None:
+        init_model(model)
+    model = model.to(master_device)
     options = ParallelOptions(
         cfg.ddp_bucket_mb, cfg.zero1, cfg.reshard_after_forward, cfg.sequence_parallel
     )
@@ -193,9 +192,7 @@ def _train(
         )
     guard = NonFiniteGuard(master_device, cfg.max_bad_steps)
     data_rank, data_parallel = (world.data_rank, world.layout.data_parallel) if world else (0, 1)
-    batches = make_batches(
-        cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed, data_rank, data_parallel
-    )
+    batches = data.batches(cfg, data_rank, data_parallel)
     metrics = MetricsLog(out_dir / "metrics.jsonl") if main else None
     checkpoints_dir = out_dir / "checkpoints"
 
@@ -261,20 +258,12 @@ def _train(
 
     def run_eval(leave: bool = False) -> EvalResult:
         evaluator = composed.evaluator or composed.compute
-        total = eval_batches(len(val_tokens), cfg.seq_len, cfg.batch_size, cfg.eval_batches)
+        total = data.validation_batches(cfg)
         shown = bar_per_call(
             evaluator, desc="validation", total=total, unit="batch", leave=leave, disable=not main
         )
         with precision.autocast(), shown:
-            return evaluate(
-                evaluator,
-                val_tokens,
-                byte_lengths,
-                cfg.seq_len,
-                cfg.batch_size,
-                cfg.eval_batches,
-                device,
-            )
+            return data.validate(evaluator, cfg, device)
 
     def validate(step: int, leave: bool = False) -> EvalResult:
         """A periodic validation, logged to metrics.jsonl with the batches it read."""
@@ -545,9 +534,3 @@ def _replanned_message(schedule: Schedule, step: int) -> str:
         f"training to step {total} from step {step}: the learning rate re-warms over {steps} "
         f"to {schedule.lr(start + rewarm):.2e}, then follows a {total}-step run's schedule"
     )
-
-
-def eval_batches(tokens: int, seq_len: int, batch_size: int, max_batches: int) -> int:
-    """How many batches `evaluate` runs on `tokens` validation tokens (for its progress bar)."""
-    windows = max(0, math.ceil((tokens - seq_len) / seq_len))
-    return math.ceil(min(windows, batch_size * max_batches) / batch_size)

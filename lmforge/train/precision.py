@@ -160,9 +160,9 @@ class Float16Module(nn.Module):
         self.module = module
         self.dtype = dtype
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         args = tuple(a.to(self.dtype) if a.is_floating_point() else a for a in args)
-        return self.module(*args).float()
+        return self.module(*args, **kwargs).float()
 
 
 _POLICIES: dict[str, type[Precision]] = {

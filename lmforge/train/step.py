@@ -43,12 +43,12 @@ def train_step(
     loss_sum = torch.zeros((), device=device)
     activation_bytes = 0
     for micro in range(grad_accum_steps):
-        x, y = batches.next(step, micro, device)[:2]
+        x, y, *segments = batches.next(step, micro, device)
         measuring = measure_memory and micro == 0
         params = list(model.compute.parameters()) if measuring else []
         with model.micro_step(last=micro == grad_accum_steps - 1):
             with count_saved_bytes(params) if measuring else contextlib.nullcontext() as counter:
-                loss = model.loss(x, y)
+                loss = model.loss(x, y, *segments)
             if measuring:
                 activation_bytes = counter.bytes
             precision.scale_loss(loss / grad_accum_steps).backward()

@@ -1,0 +1,135 @@
+"""The post-training commands: `sft` (supervised fine-tuning, optionally with LoRA).
+
+The config is fine-tuning's defaults (posttrain/sft_config.py) for the base checkpoint's shape,
+then `--config`'s [train] table, then `--set train.KEY=VALUE`, then the flags; it is checked
+before torch is imported, and the run folder is claimed as `train` claims it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lmforge.config import RunConfig, apply_dict, apply_override, claim_run_dir, read_toml
+from lmforge.config_ranges import check_ranges
+from lmforge.errors import LmforgeError
+from lmforge.run_flags import TRAIN_KEYS, add_run_options, add_speed_options
+
+if TYPE_CHECKING:
+    from lmforge.model.lora_spec import LoraSpec
+
+LORA_HELP = (
+    "train LoRA adapters instead of the whole model, e.g. r=8,alpha=16,dropout=0.05,"
+    "targets=q,k,v,o,gate,up,down (rslora=true: scaling alpha/sqrt(r); default targets q,k,v,o)"
+)
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "sft",
+        help="fine-tune a checkpoint on conversations (OpenAI messages JSONL)",
+        description="Supervised fine-tuning: loss on the assistant's tokens only, conversations "
+        "packed best-fit with attention kept inside each, the pretraining loop's checkpoints, "
+        "resume and metrics.",
+        epilog=TRAIN_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--checkpoint", required=True, help="the base model: checkpoint or run folder")
+    p.add_argument("--data", required=True, help='JSONL, one {"messages": [...]} per line')
+    p.add_argument("--val-data", help="held-out conversations (default: --val-fraction of --data)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="held out (default 0.05)")
+    p.add_argument("--epochs", type=float, default=2.0, help="passes over the data (default 2)")
+    p.add_argument("--lora", metavar="SPEC", help=LORA_HELP)
+    p.add_argument("--config", metavar="FILE.toml", help="a [train] table over the defaults")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="train.KEY=VALUE",
+        help="override one training setting, e.g. train.lr=1e-4 (repeatable)",
+    )
+    p.add_argument("--max-steps", type=int, help="optimizer steps (instead of --epochs)")
+    p.add_argument("--minutes", type=float, help="a time budget (instead of --epochs)")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--device", help="cpu, cuda, mps or auto")
+    p.add_argument("--parallel", metavar="LAYOUT", help="under torchrun, e.g. dp=2")
+    add_speed_options(p)
+    add_run_options(p)
+    p.set_defaults(func=cmd_sft)
+
+
+def sft_config(args: argparse.Namespace) -> tuple[RunConfig, LoraSpec | None]:
+    """(the run's config, its LoRA spec or None), from the base checkpoint and the flags."""
+    from lmforge.device.choice import pick_device
+    from lmforge.model.lora_spec import LoraSpec
+    from lmforge.posttrain.sft_config import sft_train_config
+    from lmforge.train.checkpoint_dir import read_model_config, resolve_checkpoint
+
+    lora = LoraSpec.parse(args.lora) if args.lora is not None else None
+    model = read_model_config(resolve_checkpoint(args.checkpoint))
+    cfg = RunConfig(name="sft", model=model, train=sft_train_config(model, lora is not None))
+    if args.config:
+        values = read_toml(args.config)
+        unknown = set(values) - {"train"}
+        if unknown:
+            raise LmforgeError(
+                f"{args.config}: sft reads only a [train] table, not [{', '.join(sorted(unknown))}]"
+            )
+        cfg = apply_dict(cfg, values, source=args.config)
+    for item in args.set:
+        if not item.strip().startswith("train."):
+            raise LmforgeError(f"--set {item!r}: sft takes train.KEY=VALUE settings only")
+        cfg = apply_override(cfg, item)
+    train = cfg.train
+    if args.minutes is not None:
+        train = dataclasses.replace(train, minutes=args.minutes, max_steps=0)
+    flags = ("max_steps", "seed", "device", "parallel", "precision", "activation_checkpointing")
+    for flag in flags:
+        if getattr(args, flag, None) is not None:
+            train = dataclasses.replace(train, **{flag: getattr(args, flag)})
+    if args.compile:
+        train = dataclasses.replace(train, compile=True)
+    cfg = dataclasses.replace(cfg, train=train)
+    check_ranges(cfg)
+    pick_device(train.device)
+    return cfg, lora
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    cfg, lora = sft_config(args)  # a bad config is reported before torch is imported
+    out = Path(args.out or Path("runs") / "sft")
+    if int(os.environ.get("RANK", "0")) == 0:
+        claim_run_dir(cfg, out, args.fresh)
+
+    from lmforge.config import to_dict
+    from lmforge.posttrain.sft import sft
+
+    result = sft(
+        args.checkpoint,
+        args.data,
+        out,
+        cfg.train,
+        lora=lora,
+        epochs=args.epochs,
+        val_data=args.val_data,
+        val_fraction=args.val_fraction,
+        resume=True,
+        threads=args.threads,
+        run_config=to_dict(cfg),
+    )
+    if result.interrupted:
+        from lmforge.train.signals import exit_status, stopped_message
+
+        print(stopped_message(result.stop_signal, result.step, result.checkpoint), file=sys.stderr)
+        return exit_status(result.stop_signal)
+    final = result.final_eval
+    print(
+        f"done: step {result.step}, held-out assistant tokens ({final.tokens:,}): loss "
+        f"{final.loss:.4f}; checkpoint {result.checkpoint}"
+        + (f"; adapter {out / 'adapter'}" if lora is not None else "")
+    )
+    return 0
