@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 
 from lmforge.config import PRESETS, RunConfig, load_config
+from lmforge.train.config import TrainConfig
 
 TRAIN_KEYS = """\
 training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML file):
@@ -107,7 +108,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 def run_config(args: argparse.Namespace) -> RunConfig:
     """The run's config: preset, TOML file and --set overrides, then the flags given."""
     cfg = load_config(args.preset, args.config, args.set)
-    train = cfg.train
+    train = with_train_flags(cfg.train, args)
+    data = cfg.data
+    if getattr(args, "doc_separator", None) is not None:
+        data = dataclasses.replace(data, doc_separator=args.doc_separator)
+    return dataclasses.replace(cfg, train=train, data=data)
+
+
+def with_train_flags(train: TrainConfig, args: argparse.Namespace) -> TrainConfig:
+    """`train` with the flags given that set train.* keys (--minutes, --max-steps, ...)."""
     if getattr(args, "minutes", None) is not None:
         train = dataclasses.replace(train, minutes=args.minutes, max_steps=0)
     for flag, key in _TRAIN_FLAGS:
@@ -115,10 +124,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
             train = dataclasses.replace(train, **{key: getattr(args, flag)})
     if getattr(args, "compile", False):
         train = dataclasses.replace(train, compile=True)
-    data = cfg.data
-    if getattr(args, "doc_separator", None) is not None:
-        data = dataclasses.replace(data, doc_separator=args.doc_separator)
-    return dataclasses.replace(cfg, train=train, data=data)
+    return train
 
 
 def with_data(cfg: RunConfig, path: str) -> RunConfig:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from lmforge.config import RunConfig, apply_dict, apply_override, claim_run_dir, read_toml
 from lmforge.config_ranges import check_ranges
 from lmforge.errors import LmforgeError
-from lmforge.run_flags import TRAIN_KEYS, add_run_options, add_speed_options
+from lmforge.run_flags import TRAIN_KEYS, add_run_options, add_speed_options, with_train_flags
 
 if TYPE_CHECKING:
     from lmforge.model.lora_spec import LoraSpec
@@ -84,15 +84,7 @@ def sft_config(args: argparse.Namespace) -> tuple[RunConfig, LoraSpec | None]:
         if not item.strip().startswith("train."):
             raise LmforgeError(f"--set {item!r}: sft takes train.KEY=VALUE settings only")
         cfg = apply_override(cfg, item)
-    train = cfg.train
-    if args.minutes is not None:
-        train = dataclasses.replace(train, minutes=args.minutes, max_steps=0)
-    flags = ("max_steps", "seed", "device", "parallel", "precision", "activation_checkpointing")
-    for flag in flags:
-        if getattr(args, flag, None) is not None:
-            train = dataclasses.replace(train, **{flag: getattr(args, flag)})
-    if args.compile:
-        train = dataclasses.replace(train, compile=True)
+    train = with_train_flags(cfg.train, args)
     cfg = dataclasses.replace(cfg, train=train)
     check_ranges(cfg)
     pick_device(train.device)
