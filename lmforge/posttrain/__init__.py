@@ -13,6 +13,8 @@ _EXPORTS = {
     "Conversations": "lmforge.posttrain.sft_data",
     "pack": "lmforge.posttrain.sft_data",
     "read_conversations": "lmforge.posttrain.sft_data",
+    "group_advantages": "lmforge.posttrain.grpo_loss",
+    "policy_loss": "lmforge.posttrain.grpo_loss",
 }
 
 __all__ = list(_EXPORTS)
