@@ -100,7 +100,7 @@ def train(
     """Train on `data`: a token shard folder (its `train` shard, validating on its `val` shard)
     or another TrainingData (train/data.py), such as post-training's conversations.
 
-    The tokenizer is the copy the data carries (`shard_dir/tokenizer`); checkpoints carry it on.
+    The tokenizer is the copy the data carries (`data.tokenizer_dir`); checkpoints carry it on.
     Writes `metrics.jsonl` and `checkpoints/step_N/` under `out_dir`; resumes from the newest
     checkpoint there when `resume` is set. Under torchrun, every rank calls this.
     `threads` (else LMFORGE_THREADS) fixes the CPU threads; without either, a run on the CPU
