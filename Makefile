@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench lint clean
+.PHONY: demo chat-demo test bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed
 	$(BIN)/lmforge speedrun $(ARGS)
+
+# The speedrun (reused when runs/auto already holds it), then SFT and GRPO on arithmetic.
+chat-demo: $(VENV)/.installed
+	$(BIN)/lmforge speedrun --chat $(ARGS)
 
 # The web chat page's test drives Debian's Chromium; playwright never downloads a browser.
 $(VENV)/.chromium: | $(BIN)/python

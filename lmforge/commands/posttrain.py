@@ -1,8 +1,10 @@
-"""The post-training commands: `sft` (supervised fine-tuning, optionally with LoRA).
+"""The post-training commands: `sft` (supervised fine-tuning, optionally with LoRA) and `rl`
+(GRPO on a verifiable task, with rollouts from lmforge's engine).
 
-The config is fine-tuning's defaults (posttrain/sft_config.py) for the base checkpoint's shape,
-then `--config`'s [train] table, then `--set train.KEY=VALUE`, then the flags; it is checked
-before torch is imported, and the run folder is claimed as `train` claims it.
+sft's config is fine-tuning's defaults (posttrain/sft_config.py) for the base checkpoint's
+shape, then `--config`'s [train] table, then `--set train.KEY=VALUE`, then the flags; rl's is
+RlConfig (posttrain/rl_config.py), then `--set rl.KEY=VALUE`, then the flags. Both are checked
+before torch is imported.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 from lmforge.config import RunConfig, apply_dict, apply_override, claim_run_dir, read_toml
 from lmforge.config_ranges import check_ranges
 from lmforge.errors import LmforgeError
+from lmforge.posttrain.rl_config import DYNAMIC_SAMPLING, NORMS, SCALES, RlConfig, with_settings
 from lmforge.run_flags import TRAIN_KEYS, add_run_options, add_speed_options, with_train_flags
 
 if TYPE_CHECKING:
@@ -60,6 +63,101 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     add_speed_options(p)
     add_run_options(p)
     p.set_defaults(func=cmd_sft)
+
+    p = commands.add_parser(
+        "rl",
+        help="improve a checkpoint on a verifiable task by GRPO",
+        description="GRPO: G sampled completions per prompt from lmforge's engine, rewards from "
+        "the task, group-relative advantages, the clipped policy loss; held-out accuracy on "
+        "fixed test problems at the start, every rl.eval_every steps and at the end.",
+        epilog=RL_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--checkpoint", required=True, help="the starting model (an SFT run)")
+    p.add_argument("--task", help="arithmetic or countdown (default arithmetic)")
+    p.add_argument("--group-size", type=int, metavar="G", help="completions per prompt (8)")
+    p.add_argument("--prompts-per-step", type=int, metavar="P", help="groups per step (16)")
+    p.add_argument("--steps", type=int, help="GRPO steps (100)")
+    p.add_argument("--minutes", type=float, help="a time budget (stops between steps)")
+    p.add_argument("--lr", type=float, help="peak learning rate (5e-5)")
+    p.add_argument("--num-iterations", type=int, help="optimizer steps per rollout batch (1)")
+    p.add_argument("--max-new-tokens", type=int, help="completion length cap (96)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (1.0)")
+    p.add_argument("--top-k", type=int, help="sample from the k likeliest tokens (0: all)")
+    p.add_argument(
+        "--scale-rewards", choices=SCALES, help="advantage scaling; none is Dr.GRPO (group)"
+    )
+    p.add_argument("--loss-norm", choices=NORMS, help="loss normalisation (dapo)")
+    p.add_argument("--beta", type=float, help="KL penalty to the starting model, k3 (0)")
+    p.add_argument(
+        "--dynamic-sampling",
+        choices=DYNAMIC_SAMPLING,
+        help="zero-variance groups: drop and refill them (DAPO), or count them (drop)",
+    )
+    p.add_argument("--lora", metavar="SPEC", help=LORA_HELP)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="rl.KEY=VALUE",
+        help="override one setting, e.g. rl.eval_every=10 (repeatable)",
+    )
+    p.add_argument("--seed", type=int, help="random seed (0)")
+    p.add_argument("--device", help="cpu, cuda, mps or auto")
+    p.add_argument("--precision", choices=["fp32", "bf16", "auto"], help="compute precision")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's)")
+    add_run_options(p)
+    p.set_defaults(func=cmd_rl)
+
+
+RL_KEYS = """\
+other settings (--set rl.KEY=VALUE): eps_low=0.2 eps_high=0.28 (clip-higher), micro_batch=32,
+  warmup_steps=5, grad_clip=1.0, max_refills=4 (dynamic sampling rounds), eval_every=25,
+  eval_problems=500, eval_seed=1234 (the fixed held-out problems), train_problems=4000,
+  checkpoint_every=25, engine_batch=64 (decode slots)
+"""
+
+# Flags that set one RlConfig field each: (flag attribute, field).
+_RL_FLAGS = (
+    "task", "group_size", "prompts_per_step", "steps", "minutes", "lr", "num_iterations",
+    "max_new_tokens", "temperature", "top_k", "scale_rewards", "loss_norm", "beta",
+    "dynamic_sampling", "seed", "device", "precision",
+)  # fmt: skip
+
+
+def rl_config(args: argparse.Namespace) -> tuple[RlConfig, LoraSpec | None]:
+    """(GRPO's settings, its LoRA spec or None), from the defaults, --set and the flags."""
+    from lmforge.model.lora_spec import LoraSpec
+
+    cfg = with_settings(RlConfig(), args.set)
+    given = {k: getattr(args, k) for k in _RL_FLAGS if getattr(args, k) is not None}
+    cfg = dataclasses.replace(cfg, **given)
+    cfg.validate()
+    lora = LoraSpec.parse(args.lora) if args.lora is not None else None
+    return cfg, lora
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    cfg, lora = rl_config(args)  # a bad setting is reported before torch is imported
+    out = Path(args.out or Path("runs") / "rl")
+
+    from lmforge.posttrain.grpo import grpo
+    from lmforge.report.rl_report import write_rl_report
+
+    result = grpo(args.checkpoint, out, cfg, lora, fresh=args.fresh, threads=args.threads)
+    if result.interrupted:
+        from lmforge.train.signals import exit_status, stopped_message
+
+        print(stopped_message(result.stop_signal, result.step, result.checkpoint), file=sys.stderr)
+        return exit_status(result.stop_signal)
+    report = write_rl_report(out)
+    start, final = result.start_accuracy, result.final_accuracy
+    print(
+        f"done: step {result.step}, held-out accuracy {start.value:.3f} → {final.value:.3f} "
+        f"(± {final.stderr:.3f}, {final.total} problems); checkpoint {result.checkpoint}; "
+        f"report {report}"
+    )
+    return 0
 
 
 def sft_config(args: argparse.Namespace) -> tuple[RunConfig, LoraSpec | None]:

@@ -1,4 +1,5 @@
-"""The `speedrun` and `train` commands: a RunConfig from the shared run flags, then a run."""
+"""The `speedrun` and `train` commands: a RunConfig from the shared run flags, then a run;
+`speedrun --chat` goes on to the chat speedrun."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "(default: the Python standard library's source)",
     )
     add_doc_separator_option(p)
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="then SFT on arithmetic conversations and GRPO into RUN_DIR/chat, with held-out "
+        "accuracy after each stage (lmforge/chat_speedrun.py)",
+    )
     add_speed_options(p)
     add_run_options(p)
     p.set_defaults(func=cmd_speedrun)
@@ -84,6 +91,10 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
         return e.exit_status
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone writes the report
         print(f"done: {report}")
+        if args.chat:
+            from lmforge.chat_speedrun import chat_speedrun
+
+            print(f"done: {chat_speedrun(report.parent, report.parent / 'chat', fresh=args.fresh)}")
     return 0
 
 

@@ -209,19 +209,19 @@ class _Request:
 
 
 @dataclass
-class _ScoreJob:
-    """Scoring requests waiting for the engine's thread, and where their result goes."""
+class _Job:
+    """Work for the engine's thread between decode steps (scoring, loading weights), and where
+    its result goes."""
 
-    requests: list[tuple[list[int], list[int]]]
-    top_n: int
-    future: Future[list[TokenScores]]
+    work: Callable[[Transformer], Any]
+    future: Future
 
     def run(self, model: Transformer) -> None:
-        """Score, unless the caller cancelled meanwhile; an error goes to the caller only."""
+        """Run, unless the caller cancelled meanwhile; an error goes to the caller only."""
         if not self.future.set_running_or_notify_cancel():
             return
         try:
-            self.future.set_result(score(model, self.requests, self.top_n))
+            self.future.set_result(self.work(model))
         except Exception as error:
             self.future.set_exception(error)
 
@@ -329,7 +329,7 @@ class Engine:
         self._step = self._compiled() if compile else self._forward
 
         self._queue: deque[_Request] = deque()
-        self._scoring: list[_ScoreJob] = []
+        self._jobs: list[_Job] = []
         self._cancelled: list[RequestHandle] = []
         self._reserved = 0
         self._wake = threading.Condition()
@@ -379,15 +379,15 @@ class Engine:
         cancelling the Future before the job starts drops it."""
         if not 0 <= top_n <= self.vocab_size:
             raise LmforgeError(f"top_n={top_n} is invalid: use 0 .. {self.vocab_size}")
-        jobs = [(list(context), list(continuation)) for context, continuation in requests]
-        for i, (context, continuation) in enumerate(jobs):
+        pairs = [(list(context), list(continuation)) for context, continuation in requests]
+        for i, (context, continuation) in enumerate(pairs):
             if not all(0 <= t < self.vocab_size for t in context + continuation):
                 raise LmforgeError(
                     f"scoring request {i} has token ids outside the model's vocabulary of "
                     f"{self.vocab_size}: encode it with the model's own tokenizer"
                 )
-        job = _ScoreJob(jobs, top_n, Future())
-        self._enqueue(lambda: self._scoring.append(job))
+        job = _Job(lambda model: score(model, pairs, top_n), Future())
+        self._enqueue(lambda: self._jobs.append(job))
         return job.future
 
     def score(
@@ -409,6 +409,38 @@ class Engine:
             )
         handles = [self.submit(p, s) for p, s in zip(prompts, params, strict=True)]
         return [h.result() for h in handles]
+
+    def load_weights(self, source: torch.nn.Module) -> None:
+        """Copy `source`'s parameters and buffers (a model of the same shape, e.g. the one a
+        trainer is updating) into the engine's model in place, on the engine's thread: the KV
+        cache, the compiled step and the slots stay as they are. Only between requests: with
+        requests queued or running it raises. Blocks until done."""
+        if self.weight_layout != "row-major":
+            raise LmforgeError(
+                "this engine re-laid its weights for decoding (relayout_weights=True): make the "
+                "engine without it to load new weights into it"
+            )
+        theirs, ours = source.state_dict(), self.model.state_dict()
+        if theirs.keys() != ours.keys():
+            missing = sorted(ours.keys() - theirs.keys())[:3]
+            extra = sorted(theirs.keys() - ours.keys())[:3]
+            raise LmforgeError(
+                f"the weights do not fit the engine's model (missing {missing}, extra {extra}): "
+                "pass a model of the same shape and adapters"
+            )
+
+        def copy(model: Transformer) -> None:
+            if self._queue or self.busy_slots:
+                raise LmforgeError(
+                    "the engine is serving requests: wait for their results before loading "
+                    "new weights"
+                )
+            for name, tensor in ours.items():
+                tensor.copy_(theirs[name])
+
+        job = _Job(copy, Future())
+        self._enqueue(lambda: self._jobs.append(job))
+        job.future.result()
 
     def _enqueue(self, add: Callable[[], None]) -> None:
         """Run `add` (it queues work) under the lock, starting the scheduler thread if need be."""
@@ -480,13 +512,13 @@ class Engine:
                             or self._queue
                             or self._cancelled
                             or self._batch
-                            or self._scoring
+                            or self._jobs
                         )
                     )
                     if self._closed:
                         break
                     cancelled, self._cancelled = self._cancelled, []
-                    scoring, self._scoring = self._scoring, []
+                    jobs, self._jobs = self._jobs, []
                     self._drop_queued(cancelled)
                     admitted = self._admit()
                 try:
@@ -497,17 +529,17 @@ class Engine:
                         self._decode()
                 except Exception as error:  # the requests in flight fail; the engine goes on
                     self._fail_running(error)
-                for job in scoring:
+                for job in jobs:
                     job.run(self.model)
         with self._wake:
             queued, self._queue = list(self._queue), deque()
-            scoring, self._scoring = self._scoring, []
+            jobs, self._jobs = self._jobs, []
         self._retire([r for r in self._slots if r is not None], "abort")
         for request in queued:
             self._finish(request, "abort")
-        for job in scoring:
+        for job in jobs:
             if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(LmforgeError("the engine closed before scoring this"))
+                job.future.set_exception(LmforgeError("the engine closed before running this"))
 
     def _drop_queued(self, cancelled: list[RequestHandle]) -> None:
         for request in [r for r in self._queue if r.handle in cancelled]:

@@ -1,6 +1,7 @@
 """Post-training: supervised fine-tuning on conversations (sft.py, sft_data.py), LoRA adapters
 in PEFT's format (model/lora.py and model/peft.py, which inference loads too), verifiable tasks
-and their rewards (tasks/), and GRPO (grpo_loss.py).
+and their rewards (tasks/), and GRPO (grpo.py, its arithmetic in grpo_loss.py, its rollouts
+from lmforge's engine in rollout.py).
 
 Names import their module (and torch) on first use.
 """
@@ -15,6 +16,8 @@ _EXPORTS = {
     "read_conversations": "lmforge.posttrain.sft_data",
     "group_advantages": "lmforge.posttrain.grpo_loss",
     "policy_loss": "lmforge.posttrain.grpo_loss",
+    "RlConfig": "lmforge.posttrain.rl_config",
+    "RolloutEngine": "lmforge.posttrain.rollout",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,0 +1,99 @@
+"""GRPO's settings, torch-free, so `lmforge rl` checks them before torch is imported.
+
+The defaults follow TRL's GRPOTrainer and DAPO where they agree (temperature 1, group-scaled
+advantages, clip-higher 0.2/0.28, no KL, token-level `dapo` normalisation, dynamic sampling),
+with a learning rate sized for the small models lmforge trains on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from lmforge.errors import LmforgeError
+
+DYNAMIC_SAMPLING = ("drop", "count")
+SCALES = ("group", "batch", "none")
+NORMS = ("dapo", "grpo", "dr_grpo")
+
+
+@dataclass(frozen=True)
+class RlConfig:
+    task: str = "arithmetic"
+    steps: int = 100  # optimizer steps (num_iterations per rollout batch)
+    minutes: float = 0.0  # a time budget instead of `steps` (checked between rollout batches)
+    prompts_per_step: int = 16  # groups of a rollout batch
+    group_size: int = 8  # G completions per prompt
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_k: int = 0  # 0: the whole vocabulary
+    num_iterations: int = 1  # optimizer steps per rollout batch (stored old log-probs)
+    lr: float = 5e-5
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch: int = 32  # completions per forward/backward
+    scale_rewards: str = "group"  # group | batch | none (Dr.GRPO)
+    loss_norm: str = "dapo"  # dapo | grpo | dr_grpo
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    beta: float = 0.0  # KL to the starting model (k3); 0 keeps no reference model
+    dynamic_sampling: str = "drop"  # drop zero-variance groups and draw more, or count them
+    max_refills: int = 4  # dynamic sampling: extra rollout rounds per step at most
+    eval_every: int = 25  # held-out accuracy every N steps (0: only at the start and end)
+    eval_problems: int = 500
+    eval_seed: int = 1234  # the fixed held-out problems
+    train_problems: int = 4000  # the pool prompts are drawn from
+    checkpoint_every: int = 25
+    seed: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    engine_batch: int = 64  # the engine's decode slots
+
+    def validate(self) -> None:
+        positive = (
+            "prompts_per_step", "max_new_tokens", "num_iterations", "micro_batch",
+            "eval_problems", "train_problems", "engine_batch",
+        )  # fmt: skip
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise LmforgeError(f"rl.{name} is {getattr(self, name)}: use 1 or more")
+        if self.group_size < 2:
+            raise LmforgeError(
+                f"--group-size is {self.group_size}: GRPO compares completions of one prompt, "
+                "so use 2 or more (8 is usual)"
+            )
+        if self.steps < 1 and self.minutes <= 0:
+            raise LmforgeError("rl needs steps >= 1 or a time budget (--minutes)")
+        if self.temperature <= 0:
+            raise LmforgeError(
+                f"rl.temperature is {self.temperature}: sample with a temperature above 0"
+            )
+        for name, value, allowed in (
+            ("scale_rewards", self.scale_rewards, SCALES),
+            ("loss_norm", self.loss_norm, NORMS),
+            ("dynamic_sampling", self.dynamic_sampling, DYNAMIC_SAMPLING),
+        ):
+            if value not in allowed:
+                raise LmforgeError(f"rl.{name} is {value!r}: choose one of {', '.join(allowed)}")
+        if self.lr <= 0 or self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
+            raise LmforgeError("rl.lr must be above 0, and eps_low, eps_high and beta at least 0")
+
+
+def with_settings(cfg: RlConfig, items: list[str]) -> RlConfig:
+    """`cfg` with `rl.KEY=VALUE` settings applied, each value parsed as its field's type."""
+    fields = {f.name: f for f in dataclasses.fields(RlConfig)}
+    changes = {}
+    for item in items:
+        key, sep, text = item.strip().partition("=")
+        name = key.removeprefix("rl.")
+        if not sep or not key.startswith("rl.") or name not in fields:
+            raise LmforgeError(
+                f"--set {item!r}: rl takes rl.KEY=VALUE with KEY one of {', '.join(fields)}"
+            )
+        kind = type(getattr(cfg, name))
+        try:
+            changes[name] = kind(float(text)) if kind in (int, float) else text
+        except ValueError:
+            raise LmforgeError(f"--set {item!r}: {name} takes a number") from None
+    return dataclasses.replace(cfg, **changes)

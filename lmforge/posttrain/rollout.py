@@ -1,0 +1,186 @@
+"""Rollouts for RL from lmforge's own engine: G sampled completions per prompt with the log-
+probabilities of their tokens, and greedy answers for held-out accuracy.
+
+The engine decodes a copy of the policy (its KV cache and compiled step are built once, for
+the whole run); after each optimizer step `sync` copies the trainer's weights into that copy
+in place (`Engine.load_weights`). Every request has its own seed, a function of the run's seed,
+the step and the request's place in the batch, so a step's rollouts are the same whatever else
+is batched with them, and a resumed run samples what the first run did.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.model import Transformer
+from lmforge.posttrain.tasks.problem import Problem
+from lmforge.tokenizer.chat_template import ChatTemplate, Message
+
+SEED_MODULUS = 2**63
+
+
+@dataclass
+class Rollout:
+    group: int  # the index of its prompt in the batch
+    prompt_ids: list[int]
+    completion_ids: list[int]  # as sampled, the token that ended the reply included
+    logprobs: list[float]  # the engine's log p of each completion token (softmax at T = 1)
+    text: str  # the reply, stop strings and the end token removed
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class RolloutBatch:
+    rollouts: list[Rollout]
+    seconds: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.completion_ids) for r in self.rollouts)
+
+
+def request_seed(seed: int, step: int, index: int) -> int:
+    """The sampling seed of request `index` of rollout round `step`."""
+    return (((seed * 1_000_003) + step) * 1_000_033 + index) % SEED_MODULUS
+
+
+class RolloutEngine:
+    """An inference engine over a copy of `policy`, with the chat template's prompts."""
+
+    def __init__(
+        self,
+        policy: Transformer,
+        template: ChatTemplate,
+        max_new_tokens: int,
+        max_batch_size: int = 64,
+        compile: bool = False,
+    ) -> None:
+        self.template = template
+        self.max_new_tokens = max_new_tokens
+        model = copy.deepcopy(policy).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.engine = Engine(
+            model, template.tokenizer, max_batch_size=max_batch_size, compile=compile
+        )
+
+    @property
+    def model(self) -> Transformer:
+        return self.engine.model
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        return self.template.prompt_ids([Message("user", problem.prompt)])
+
+    def sync(self, policy: Transformer) -> None:
+        """Load the policy's current weights into the engine's copy."""
+        self.engine.load_weights(policy)
+
+    def sample(
+        self,
+        problems: Sequence[Problem],
+        group_size: int,
+        temperature: float,
+        top_k: int,
+        seed: int,
+        step: int,
+    ) -> RolloutBatch:
+        """`group_size` completions of each problem, laid out group after group."""
+        prompts = [self.prompt_ids(p) for p in problems]
+        requests, params = [], []
+        for i, ids in enumerate(prompts):
+            for j in range(group_size):
+                requests.append(ids)
+                params.append(
+                    SamplingParams(
+                        max_tokens=self.max_new_tokens,
+                        temperature=temperature,
+                        top_k=top_k or None,
+                        stop=self.template.stop,
+                        stop_ids=self.template.stop_ids,
+                        seed=request_seed(seed, step, i * group_size + j),
+                        logprobs=True,
+                    )
+                )
+        start = time.perf_counter()
+        completions = self.engine.generate(requests, params)
+        seconds = time.perf_counter() - start
+        rollouts = [
+            Rollout(
+                group=k // group_size,
+                prompt_ids=requests[k],
+                completion_ids=c.token_ids,
+                logprobs=c.logprobs or [],
+                text=c.text,
+                finish_reason=c.finish_reason,
+            )
+            for k, c in enumerate(completions)
+        ]
+        return RolloutBatch(rollouts, seconds)
+
+    def answers(self, problems: Sequence[Problem]) -> list[str]:
+        """Each problem's greedy reply."""
+        params = SamplingParams(
+            max_tokens=self.max_new_tokens,
+            temperature=0.0,
+            stop=self.template.stop,
+            stop_ids=self.template.stop_ids,
+        )
+        return [
+            c.text for c in self.engine.generate([self.prompt_ids(p) for p in problems], params)
+        ]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+@dataclass
+class Accuracy:
+    correct: int
+    total: int
+    replies: list[str]
+    hits: list[bool]
+
+    @property
+    def value(self) -> float:
+        return self.correct / max(self.total, 1)
+
+    @property
+    def stderr(self) -> float:
+        """The binomial standard error of the accuracy."""
+        p = self.value
+        return math.sqrt(p * (1 - p) / max(self.total, 1))
+
+
+def held_out_accuracy(engine: RolloutEngine, problems: Sequence[Problem], reward) -> Accuracy:
+    """The fraction of `problems` whose greedy reply `reward` scores 1 (exact answer)."""
+    replies = engine.answers(problems)
+    hits = [
+        reward(p.prompt, reply, **p.reward_fields()) >= 1.0
+        for p, reply in zip(problems, replies, strict=True)
+    ]
+    return Accuracy(sum(hits), len(hits), replies, hits)
+
+
+def batch_tensors(
+    rollouts: Sequence[Rollout], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs, targets, mask), each (B, T): prompt + completion right-padded, targets shifted
+    by one, and the mask 1 where the target is a completion token."""
+    rows = [r.prompt_ids + r.completion_ids for r in rollouts]
+    width = max(len(row) for row in rows) - 1
+    inputs = torch.zeros(len(rows), width, dtype=torch.long)
+    targets = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width)
+    for i, (row, r) in enumerate(zip(rows, rollouts, strict=True)):
+        n = len(row) - 1
+        inputs[i, :n] = torch.tensor(row[:-1])
+        targets[i, :n] = torch.tensor(row[1:])
+        mask[i, len(r.prompt_ids) - 1 : n] = 1
+    return inputs.to(device), targets.to(device), mask.to(device)
