@@ -207,6 +207,10 @@ class _Request:
     def kv_tokens(self) -> int:
         return len(self.prompt) + self.params.max_tokens
 
+    def uniform(self) -> torch.Tensor:
+        """The next number in [0, 1) of this request's own random stream, shape (1,)."""
+        return torch.rand(1, generator=self.generator, device=self.generator.device)
+
 
 @dataclass
 class _Job:
@@ -234,6 +238,7 @@ class _Batch:
     rows: torch.Tensor  # their slots
     temperature: torch.Tensor  # 1 where greedy, to divide safely
     sampled: list[int]  # rows that sample (temperature > 0); the others take the argmax
+    sampled_rows: torch.Tensor  # the same, as an index tensor
     top_k: torch.Tensor | None
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
@@ -261,11 +266,13 @@ class _Batch:
                 column([p.frequency_penalty for p in params]),
                 column([p.presence_penalty for p in params]),
             )
+        sampled = [i for i, p in enumerate(params) if p.temperature > 0]
         return cls(
             requests=requests,
             rows=torch.tensor([r.slot for r in requests], dtype=torch.long, device=device),
             temperature=column([p.temperature or 1.0 for p in params]),
-            sampled=[i for i, p in enumerate(params) if p.temperature > 0],
+            sampled=sampled,
+            sampled_rows=torch.tensor(sampled, dtype=torch.long, device=device),
             top_k=optional([p.top_k for p in params], vocab_size, torch.long),
             top_p=optional([p.top_p for p in params], 1.0),
             min_p=optional([p.min_p for p in params], 0.0),
@@ -523,8 +530,8 @@ class Engine:
                     admitted = self._admit()
                 try:
                     self._retire([r for r in self._slots if r and r.handle in cancelled], "abort")
-                    for request in admitted:
-                        self._prefill(request)
+                    if admitted:
+                        self._prefill(admitted)
                     if self._batch is not None:
                         self._decode()
                 except Exception as error:  # the requests in flight fail; the engine goes on
@@ -562,16 +569,33 @@ class Engine:
             admitted.append(request)
         return admitted
 
-    def _prefill(self, request: _Request) -> None:
-        """The whole prompt in one forward into the request's slot, then its first token."""
-        slot, prompt = request.slot, request.prompt
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        logits = self.model(ids, self.cache.slot(slot), last_only=True)[:, -1]
+    def _prefill(self, requests: list[_Request]) -> None:
+        """Each admitted prompt in one forward into its request's slot, then its first token.
+        A prompt equal to one prefilled just before it (GRPO's G samples of one prompt, `n`
+        completions) copies that slot's keys and values and logits instead of recomputing them."""
+        done: dict[tuple[int, ...], tuple[int, torch.Tensor]] = {}
+        finished = []
+        for request in requests:
+            key = tuple(request.prompt)
+            if key in done:
+                source, logits = done[key]
+                self.cache.copy_slot(source, request.slot, len(request.prompt))
+            else:
+                ids = torch.tensor([request.prompt], dtype=torch.long, device=self.device)
+                logits = self.model(ids, self.cache.slot(request.slot), last_only=True)[:, -1]
+                done[key] = (request.slot, logits)
+            finished += self._first_token(request, logits)
+        self._rebatch()
+        self._retire(finished)
+
+    def _first_token(self, request: _Request, logits: torch.Tensor) -> list[_Request]:
+        """Sample a prefilled request's first token; [request] when that already finishes it."""
+        slot = request.slot
         if request.params.penalised:
             self._seen[slot] = False
-            self._seen[slot, ids[0]] = True
+            self._seen[slot, torch.tensor(request.prompt, device=self.device)] = True
             self._counts[slot] = 0
-        request.position = len(prompt)
+        request.position = len(request.prompt)
         batch = _Batch.of([request], self.vocab_size, self.device)
         tokens = self._sample(logits, batch)
         self._tokens[slot, 0] = tokens[0]
@@ -579,8 +603,7 @@ class Engine:
         if not finished:
             request.decoding = True
             self._active[slot] = 1
-            self._rebatch()
-        self._retire(finished)
+        return finished
 
     def _compiled(self) -> Any:
         """The decode step compiled once per row count (1, 2, 4, ... slots); the number of keys
@@ -626,10 +649,13 @@ class Engine:
             scaled = filter_logits(
                 logits / batch.temperature, batch.top_k, batch.top_p, batch.min_p
             )
-            probs = scaled.softmax(dim=-1)
-            for i in batch.sampled:
-                generator = batch.requests[i].generator
-                tokens[i] = torch.multinomial(probs[i], 1, generator=generator)[0]
+            rows = batch.sampled_rows
+            # Inverse-CDF sampling: one uniform from each request's own generator (drawing a
+            # whole row of noise, or multinomial, per request costs ~100x more on a CPU).
+            u = torch.cat([batch.requests[i].uniform() for i in batch.sampled])
+            cdf = scaled[rows].softmax(dim=-1).cumsum(dim=-1)
+            picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+            tokens[rows] = picked.clamp(max=cdf.shape[-1] - 1)
         if batch.penalties is not None:
             self._seen[batch.rows, tokens] = True
             self._counts[batch.rows, tokens] += 1

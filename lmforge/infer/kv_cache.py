@@ -64,6 +64,12 @@ class SlotKVCache:
             [k[i : i + 1] for k in self.k], [v[i : i + 1] for v in self.v], pos
         )
 
+    def copy_slot(self, source: int, target: int, n: int) -> None:
+        """Give slot `target` the first `n` keys and values of slot `source`."""
+        for k, v in zip(self.k, self.v, strict=True):
+            k[target, :, :n] = k[source, :, :n]
+            v[target, :, :n] = v[source, :, :n]
+
     def check_fits(self, batch_size: int, n_new: int) -> None:
         if batch_size != self.batch_size or n_new != 1:
             raise LmforgeError(

@@ -88,6 +88,7 @@ class Collected:
     zero_variance: int  # groups whose completions all scored the same
     rounds: int
     rollout_seconds: float
+    generated_tokens: int  # by every round, dropped groups' completions included
 
 
 class GroupSampler:
@@ -103,7 +104,7 @@ class GroupSampler:
     def collect(self, step: int) -> Collected:
         cfg, G = self.cfg, self.cfg.group_size
         kept: list[tuple[list[Rollout], list[float], list[float]]] = []
-        drawn = zero = rounds = 0
+        drawn = zero = rounds = generated = 0
         seconds = 0.0
         while len(kept) < cfg.prompts_per_step and rounds <= cfg.max_refills:
             problems = self.draw(step, rounds)
@@ -111,6 +112,7 @@ class GroupSampler:
                 problems, G, cfg.temperature, cfg.top_k, cfg.seed, step * 1000 + rounds
             )
             seconds += batch.seconds
+            generated += batch.tokens
             rounds += 1
             for i, problem in enumerate(problems):
                 group = batch.rollouts[i * G : (i + 1) * G]
@@ -130,7 +132,9 @@ class GroupSampler:
         rewards = torch.tensor([x for _, rs, _ in kept for x in rs])
         correct = torch.tensor([x for _, _, cs in kept for x in cs])
         advantages = group_advantages(rewards, G, cfg.scale_rewards)[0] if kept else torch.zeros(0)
-        return Collected(rollouts, G, rewards, advantages, correct, drawn, zero, rounds, seconds)
+        return Collected(
+            rollouts, G, rewards, advantages, correct, drawn, zero, rounds, seconds, generated
+        )
 
 
 class PolicyTrainer:
@@ -373,7 +377,7 @@ def _step_record(collected: Collected, trained: dict, train_seconds: float) -> d
         "groups_drawn": collected.groups_drawn,
         "zero_variance_groups": collected.zero_variance,
         "rollout_rounds": collected.rounds,
-        "rollout_tokens_per_s": sum(lengths) / max(collected.rollout_seconds, 1e-9),
+        "rollout_tokens_per_s": collected.generated_tokens / max(collected.rollout_seconds, 1e-9),
         "train_tokens_per_s": trained_tokens / max(train_seconds, 1e-9) if trained else 0.0,
         **trained,
     }

@@ -96,9 +96,9 @@ def test_continuous_batching_equals_one_at_a_time_under_a_kv_cap(model):
     running = []
     prefill = engine._prefill
 
-    def spy(request):  # how many slots are taken, and how much KV is reserved, at admission
+    def spy(requests):  # how many slots are taken, and how much KV is reserved, at admission
         running.append((engine.busy_slots, engine.reserved_kv_tokens))
-        prefill(request)
+        prefill(requests)
 
     engine._prefill = spy
     with engine:
@@ -110,6 +110,23 @@ def test_continuous_batching_equals_one_at_a_time_under_a_kv_cap(model):
     assert max(n for n, _ in running) < 4  # but the KV cap, not the slots, limited them
     assert all(reserved <= 60 for _, reserved in running)
     assert engine.reserved_kv_tokens == 0 and engine.busy_slots == 0
+
+
+def test_samples_of_one_prompt_share_its_prefill_and_equal_separate_requests(model):
+    prompt = PROMPTS[0]
+    params = [SamplingParams(12, temperature=1.0, seed=s, logprobs=True) for s in range(6)]
+    with Engine(model, ByteTokenizer(), max_batch_size=8) as engine:
+        forwards = []
+        handle = model.register_forward_hook(lambda m, args, out: forwards.append(args[0].shape))
+        together = engine.generate([prompt] * 6, params)
+        handle.remove()
+        alone = [engine.generate([prompt], p)[0] for p in params]
+    prefills = [shape for shape in forwards if shape[1] > 1]
+    assert len(prefills) == 1  # the other five copied the first one's keys and values
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert len({tuple(c.token_ids) for c in together}) > 1  # each sampled on its own seed
+    for a, b in zip(together, alone, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
