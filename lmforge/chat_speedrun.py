@@ -17,19 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmforge.config import RunConfig, claim_run_dir, to_dict
-from lmforge.posttrain.grpo import SUMMARY, grpo
+from lmforge.posttrain.grpo import SUMMARY, evaluate_accuracy, grpo
 from lmforge.posttrain.rl_config import RlConfig
-from lmforge.posttrain.rollout import RolloutEngine, held_out_accuracy
+from lmforge.posttrain.rollout import RolloutEngine
 from lmforge.posttrain.sft import sft
 from lmforge.posttrain.sft_config import sft_train_config
-from lmforge.posttrain.tasks import exact_answer, get_task, write_jsonl
+from lmforge.posttrain.tasks import get_task, write_jsonl
 from lmforge.report.rl_report import plot_rl
 from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config, resolve_checkpoint
 from lmforge.train.metrics import read_metrics
-
-SAMPLE_QUESTIONS = 3  # test problems whose final replies the report shows
 
 
 @dataclass(frozen=True)
@@ -54,11 +52,10 @@ def base_accuracy(checkpoint: Path, recipe: ChatRecipe, out: Path) -> dict:
     )
     test = get_task(recipe.task).problems(recipe.rl.eval_problems, "test", recipe.rl.eval_seed)
     try:
-        accuracy = held_out_accuracy(engine, test, exact_answer)
+        accuracy = evaluate_accuracy(engine, test, recipe.rl)
     finally:
         engine.close()
-    record = {"accuracy": accuracy.value, "stderr": accuracy.stderr, "correct": accuracy.correct,
-              "total": accuracy.total, "sample": accuracy.replies[:SAMPLE_QUESTIONS]}  # fmt: skip
+    record = accuracy.record()
     out.write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -124,14 +121,22 @@ def write_chat_report(out: Path, base_record: dict, times: dict[str, float]) -> 
             for name, r in rows
         ),
         "",
-        f"RL gain over SFT: {gain:+.3f} ± {gain_se:.3f} ({gain / gain_se if gain_se else 0:.1f} "
-        "standard errors of the difference).",
+        f"RL's pass@1 gain over SFT: {gain:+.3f} ± {gain_se:.3f} "
+        f"({gain / gain_se if gain_se else 0:.1f} standard errors of the difference).",
         "",
         "| stage | minutes |",
         "|---|---|",
         *(f"| {name} | {seconds / 60:.1f} |" for name, seconds in times.items()),
         "",
         f"![RL curves]({plot.name})",
+        "",
+        "The RL model's greedy replies to the first test problems:",
+        "",
+        *(
+            f"- {e['prompt']} → `{' '.join(e['reply'].split())}` "
+            f"({'right' if e['right'] else 'wrong'})"
+            for e in rl_acc["examples"]
+        ),
         "",
         "SFT's run and report: `sft/`; RL's metrics, checkpoints and report: `rl/`. Chat with the "
         f"result: `lmforge chat --checkpoint {out / 'rl'}`.",

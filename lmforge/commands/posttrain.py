@@ -113,8 +113,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 RL_KEYS = """\
 other settings (--set rl.KEY=VALUE): eps_low=0.2 eps_high=0.28 (clip-higher), micro_batch=32,
   warmup_steps=5, grad_clip=1.0, max_refills=4 (dynamic sampling rounds), eval_every=25,
-  eval_problems=500, eval_seed=1234 (the fixed held-out problems), train_problems=4000,
-  checkpoint_every=25, engine_batch=64 (decode slots)
+  eval_problems=500, eval_samples=4 (sampled per problem), eval_seed=1234 (the fixed held-out
+  problems), train_problems=4000, checkpoint_every=25, engine_batch=64 (decode slots)
 """
 
 # Flags that set one RlConfig field each: (flag attribute, field).
@@ -153,9 +153,9 @@ def cmd_rl(args: argparse.Namespace) -> int:
     report = write_rl_report(out)
     start, final = result.start_accuracy, result.final_accuracy
     print(
-        f"done: step {result.step}, held-out accuracy {start.value:.3f} → {final.value:.3f} "
-        f"(± {final.stderr:.3f}, {final.total} problems); checkpoint {result.checkpoint}; "
-        f"report {report}"
+        f"done: step {result.step}, held-out pass@1 {start.value:.3f} → {final.value:.3f} "
+        f"(± {final.stderr:.3f}; greedy {start.greedy_value:.3f} → {final.greedy_value:.3f}; "
+        f"{final.total} problems); checkpoint {result.checkpoint}; report {report}"
     )
     return 0
 

@@ -9,8 +9,9 @@ with fresh prompts, up to `max_refills` extra rounds; `"count"` keeps and counts
 
 A step is a pure function of the seed, the step and the weights (problems and sampling seeds are
 drawn from them), so a run resumed from a checkpoint repeats the steps the first run took.
-Held-out accuracy (greedy, exact answer) on `eval_problems` fixed test problems is measured at
-the start, every `eval_every` steps and at the end. One process; the policy may carry LoRA
+Held-out accuracy (exact answer) on `eval_problems` fixed test problems, pass@1 over
+`eval_samples` completions at the rollout temperature and greedy, is measured at the start,
+every `eval_every` steps and at the end. One process; the policy may carry LoRA
 adapters (then only they train, and the checkpoints load merged).
 """
 
@@ -284,11 +285,15 @@ def grpo(
     started = time.perf_counter()
 
     def evaluate() -> Accuracy:
-        accuracy = held_out_accuracy(engine, test, exact_answer)
-        metrics.write(step=step, test_accuracy=accuracy.value, test_stderr=accuracy.stderr)
+        accuracy = evaluate_accuracy(engine, test, cfg)
+        metrics.write(
+            step=step, test_accuracy=accuracy.value, test_stderr=accuracy.stderr,
+            test_greedy_accuracy=accuracy.greedy_value,
+        )  # fmt: skip
         _say(
             quiet,
-            f"rl: step {step}: held-out accuracy {accuracy.value:.3f} ± {accuracy.stderr:.3f}",
+            f"rl: step {step}: held-out accuracy {accuracy.value:.3f} ± {accuracy.stderr:.3f} "
+            f"(greedy {accuracy.greedy_value:.3f})",
         )
         return accuracy
 
@@ -335,8 +340,8 @@ def grpo(
             "seconds": seconds,
             "eval_seed": cfg.eval_seed,
             "seed": cfg.seed,
-            "start_accuracy": _accuracy_record(start_accuracy),
-            "final_accuracy": _accuracy_record(final),
+            "start_accuracy": start_accuracy.record(),
+            "final_accuracy": final.record(),
         }
         (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return RlResult(
@@ -384,9 +389,11 @@ def _step_record(collected: Collected, trained: dict, train_seconds: float) -> d
     return record
 
 
-def _accuracy_record(accuracy: Accuracy) -> dict:
-    return {"accuracy": accuracy.value, "stderr": accuracy.stderr, "correct": accuracy.correct,
-            "total": accuracy.total}  # fmt: skip
+def evaluate_accuracy(engine: RolloutEngine, test: list[Problem], cfg: RlConfig) -> Accuracy:
+    """Held-out accuracy as every stage of a run (and the chat speedrun) measures it."""
+    return held_out_accuracy(
+        engine, test, exact_answer, cfg.eval_samples, cfg.temperature, cfg.top_k, cfg.eval_seed
+    )
 
 
 def _out_of_time(cfg: RlConfig, started: float, step: int) -> bool:

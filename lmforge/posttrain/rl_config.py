@@ -42,6 +42,7 @@ class RlConfig:
     max_refills: int = 4  # dynamic sampling: extra rollout rounds per step at most
     eval_every: int = 25  # held-out accuracy every N steps (0: only at the start and end)
     eval_problems: int = 500
+    eval_samples: int = 4  # sampled completions per test problem (pass@1 at `temperature`)
     eval_seed: int = 1234  # the fixed held-out problems
     train_problems: int = 4000  # the pool prompts are drawn from
     checkpoint_every: int = 25

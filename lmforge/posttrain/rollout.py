@@ -140,32 +140,88 @@ class RolloutEngine:
         self.engine.close()
 
 
+EVAL_ROUND = -1  # the sampling seeds' round for held-out evaluation: the same at every stage
+
+
 @dataclass
 class Accuracy:
-    correct: int
-    total: int
-    replies: list[str]
-    hits: list[bool]
+    """Held-out accuracy two ways: pass@1 at the rollout temperature, the mean over `samples`
+    completions per problem (what RL optimises, and how nanochat's RL stage is evaluated),
+    and the greedy reply's. Standard errors are over problems."""
+
+    scores: list[float]  # per problem: the fraction of its sampled completions that are right
+    greedy: list[bool]  # per problem: whether its greedy reply is right
+    samples: int
+    examples: list[dict]  # the first problems' prompts and greedy replies, for the report
 
     @property
     def value(self) -> float:
-        return self.correct / max(self.total, 1)
+        return _mean(self.scores)
 
     @property
     def stderr(self) -> float:
-        """The binomial standard error of the accuracy."""
-        p = self.value
-        return math.sqrt(p * (1 - p) / max(self.total, 1))
+        return _stderr(self.scores)
+
+    @property
+    def greedy_value(self) -> float:
+        return _mean(self.greedy)
+
+    @property
+    def greedy_stderr(self) -> float:
+        return _stderr(self.greedy)
+
+    @property
+    def total(self) -> int:
+        return len(self.scores)
+
+    def record(self) -> dict:
+        return {
+            "accuracy": self.value, "stderr": self.stderr, "samples": self.samples,
+            "greedy_accuracy": self.greedy_value, "greedy_stderr": self.greedy_stderr,
+            "total": self.total, "examples": self.examples,
+        }  # fmt: skip
 
 
-def held_out_accuracy(engine: RolloutEngine, problems: Sequence[Problem], reward) -> Accuracy:
-    """The fraction of `problems` whose greedy reply `reward` scores 1 (exact answer)."""
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / max(len(values), 1)
+
+
+def _stderr(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values))
+
+
+def held_out_accuracy(
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    reward,
+    samples: int = 4,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    keep_replies: int = 3,
+) -> Accuracy:
+    """`reward` (exact answer: 1 when right) of each problem's greedy reply and of `samples`
+    sampled completions (seeded by `seed` alone, so every stage draws alike)."""
+
+    def right(problem: Problem, reply: str) -> bool:
+        return reward(problem.prompt, reply, **problem.reward_fields()) >= 1.0
+
     replies = engine.answers(problems)
-    hits = [
-        reward(p.prompt, reply, **p.reward_fields()) >= 1.0
-        for p, reply in zip(problems, replies, strict=True)
+    greedy = [right(p, reply) for p, reply in zip(problems, replies, strict=True)]
+    scores = [float(g) for g in greedy]
+    if samples:
+        batch = engine.sample(problems, samples, temperature, top_k, seed, EVAL_ROUND)
+        hits = [right(problems[r.group], r.text) for r in batch.rollouts]
+        scores = [_mean(hits[i * samples : (i + 1) * samples]) for i in range(len(problems))]
+    examples = [
+        {"prompt": p.prompt, "reply": reply, "right": hit}
+        for p, reply, hit in zip(problems[:keep_replies], replies, greedy, strict=False)
     ]
-    return Accuracy(sum(hits), len(hits), replies, hits)
+    return Accuracy(scores, greedy, samples, examples)
 
 
 def batch_tensors(

@@ -73,15 +73,20 @@ def write_rl_report(run_dir: str | Path) -> Path:
         f"Started from `{settings['base']}`; {summary['steps']} steps in "
         f"{summary['seconds'] / 60:.1f} min (seed {summary['seed']}).",
         "",
-        f"## Held-out accuracy ({final['total']} test problems, seed {summary['eval_seed']}, "
-        "greedy)",
+        f"## Held-out accuracy ({final['total']} test problems, seed {summary['eval_seed']})",
         "",
-        "| | accuracy | correct |",
+        f"pass@1: the mean over {final['samples']} completions per problem sampled as the "
+        "rollouts are; greedy: the greedy reply. Standard errors are over problems.",
+        "",
+        "| | pass@1 (sampled) | greedy |",
         "|---|---|---|",
-        f"| start | {start['accuracy']:.3f} ± {start['stderr']:.3f} | {start['correct']} |",
-        f"| end | {final['accuracy']:.3f} ± {final['stderr']:.3f} | {final['correct']} |",
+        *(
+            f"| {name} | {r['accuracy']:.3f} ± {r['stderr']:.3f} | "
+            f"{r['greedy_accuracy']:.3f} ± {r['greedy_stderr']:.3f} |"
+            for name, r in (("start", start), ("end", final))
+        ),
         "",
-        f"Gain {gain:+.3f} ± {gain_se:.3f} ({gain / gain_se if gain_se else 0:.1f} standard "
+        f"pass@1 gain {gain:+.3f} ± {gain_se:.3f} ({gain / gain_se if gain_se else 0:.1f} standard "
         "errors).",
         "",
         "## Training",
