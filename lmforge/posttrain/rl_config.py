@@ -28,7 +28,7 @@ class RlConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0: the whole vocabulary
     num_iterations: int = 1  # optimizer steps per rollout batch (stored old log-probs)
-    lr: float = 5e-5
+    lr: float = 2e-5
     warmup_steps: int = 5
     weight_decay: float = 0.0
     grad_clip: float = 1.0

@@ -178,8 +178,15 @@ class Accuracy:
         return {
             "accuracy": self.value, "stderr": self.stderr, "samples": self.samples,
             "greedy_accuracy": self.greedy_value, "greedy_stderr": self.greedy_stderr,
-            "total": self.total, "examples": self.examples,
+            "total": self.total, "examples": self.examples, "scores": self.scores,
         }  # fmt: skip
+
+
+def paired_gain(before: dict, after: dict) -> tuple[float, float]:
+    """(after - before, its standard error) of two `Accuracy.record()`s on the same problems,
+    from the per-problem differences (the pairing removes the problems' own difficulty)."""
+    diffs = [b - a for a, b in zip(before["scores"], after["scores"], strict=True)]
+    return _mean(diffs), _stderr(diffs)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from lmforge.posttrain.rollout import paired_gain
 from lmforge.train.metrics import read_metrics
 
 PANELS = (
@@ -65,8 +66,7 @@ def write_rl_report(run_dir: str | Path) -> Path:
     settings = json.loads((run / "rl_config.json").read_text())
     plot = plot_rl(metrics, run / "rl.png")
     start, final = summary["start_accuracy"], summary["final_accuracy"]
-    gain = final["accuracy"] - start["accuracy"]
-    gain_se = (start["stderr"] ** 2 + final["stderr"] ** 2) ** 0.5
+    gain, gain_se = paired_gain(start, final)
     lines = [
         f"# RL run: GRPO on {summary['task']}",
         "",
@@ -87,7 +87,7 @@ def write_rl_report(run_dir: str | Path) -> Path:
         ),
         "",
         f"pass@1 gain {gain:+.3f} ± {gain_se:.3f} ({gain / gain_se if gain_se else 0:.1f} standard "
-        "errors).",
+        "errors of the paired difference).",
         "",
         "## Training",
         "",

@@ -12,7 +12,7 @@ from lmforge.infer.engine import SamplingParams
 from lmforge.posttrain.grpo import GroupSampler, PolicyTrainer, claim_run_dir, grpo
 from lmforge.posttrain.grpo_loss import token_logprobs
 from lmforge.posttrain.rl_config import RlConfig, with_settings
-from lmforge.posttrain.rollout import RolloutEngine, batch_tensors
+from lmforge.posttrain.rollout import RolloutEngine, batch_tensors, held_out_accuracy, paired_gain
 from lmforge.posttrain.tasks import get_task
 from lmforge.report.rl_report import write_rl_report
 from lmforge.tokenizer.chat_template import ChatTemplate
@@ -84,8 +84,11 @@ def test_after_a_step_the_engine_computes_the_trainers_logits(policy):
         want = torch.log_softmax(logits[0, :-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])
         assert torch.allclose(torch.tensor(synced), want[:, 0], atol=1e-5)
         assert not torch.allclose(torch.tensor(stale), want[:, 0], atol=1e-5)
+        budget = model.config.max_seq_len - len(ids)
+        handle = engine.engine.submit(ids, SamplingParams(max_tokens=budget, temperature=0))
+        events = iter(handle)
+        next(events)  # decoding now, for many more steps than loading takes to be refused
         with pytest.raises(LmforgeError, match="serving requests"):
-            handle = engine.engine.submit(ids, SamplingParams(max_tokens=5))
             engine.sync(model)
         handle.result()
     finally:
@@ -201,3 +204,27 @@ def test_bad_settings_are_one_line_errors(base_checkpoint, tmp_path, capsys):
     with pytest.raises(LmforgeError, match=r"another|other settings \(lr\)"):
         claim_run_dir(tmp_path / "x", {"lr": 1.0, "steps": 9}, fresh=False)
     claim_run_dir(tmp_path / "x", {"lr": 1.0, "steps": 9}, fresh=True)
+
+
+def test_held_out_accuracy_samples_alike_at_every_stage_and_pairs_its_gains(policy):
+    model, template = policy
+    engine = RolloutEngine(model, template, max_new_tokens=8, max_batch_size=16)
+    try:
+        problems = _problems(5)
+
+        def first_char_is_digit(prompt, completion, **fields):
+            return float(completion[:1].isdigit())
+
+        a = held_out_accuracy(engine, problems, first_char_is_digit, samples=3, seed=4)
+        b = held_out_accuracy(engine, problems, first_char_is_digit, samples=3, seed=4)
+        assert a.scores == b.scores and a.total == 5 and a.samples == 3
+        assert all(score in (0, 1 / 3, 2 / 3, 1) for score in a.scores)
+        assert a.value == pytest.approx(sum(a.scores) / 5)
+        greedy = held_out_accuracy(engine, problems, first_char_is_digit, samples=0)
+        assert greedy.scores == [float(g) for g in greedy.greedy] == [float(g) for g in a.greedy]
+    finally:
+        engine.close()
+    before = {"scores": [0.0, 0.5, 1.0, 0.25]}
+    after = {"scores": [0.25, 0.75, 1.0, 0.5]}
+    gain, se = paired_gain(before, after)
+    assert gain == pytest.approx(0.1875) and se == pytest.approx(0.0625)
