@@ -9,8 +9,11 @@ their slot and budget at once. A background thread runs this loop; callers hold 
 RequestHandle to iterate its tokens (blocking or asyncio), cancel it or wait for its result.
 
 Scoring jobs (`score`, `submit_score`: log-likelihoods of continuations, lmforge.infer.score)
-queue beside the requests and run on the same thread between decode steps, since that thread
-alone runs the model; their result or error comes back through a concurrent Future.
+and weight loads (`load_weights`: an RL trainer's new weights, copied in place) queue beside
+the requests and run on the same thread between decode steps, since that thread alone runs the
+model; their result or error comes back through a concurrent Future. Requests admitted together
+with the same prompt (n samples of one prompt) share one prefill: the first one's KV slot is
+copied into the others'.
 """
 
 from __future__ import annotations
