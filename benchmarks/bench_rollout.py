@@ -19,7 +19,7 @@ Part 1, rollouts: --prompts (64) prompts x G = 8 completions of exactly --new-to
 tokens, sampled at temperature 1 from the whole vocabulary:
 
 - lmforge: its inference engine (continuous batching of the 512 requests over --slots, default
-  64, decode slots: RlConfig.engine_batch, what `lmforge rl` runs; eager, as RolloutEngine
+  128, decode slots: RlConfig.engine_batch, what `lmforge rl` runs; eager, as RolloutEngine
   runs it), each request with its own seed (`request_seed`) and the log-probability of every
   sampled token (logprobs=True), as RolloutEngine.sample submits them. The engine is driven
   directly, with a tokenizer stub that has no special tokens, so no request stops before
@@ -65,7 +65,7 @@ micro-batches of --micro-batch (32) completions:
 Writes benchmarks/results/rollout.json.
 
     python benchmarks/bench_rollout.py [--reps 3] [--threads 2] [--shapes speedrun,134M]
-        [--prompts 64] [--new-tokens 128] [--prompts-134m 16] [--slots 64] [--hf-batch 0]
+        [--prompts 64] [--new-tokens 128] [--prompts-134m 16] [--slots 128] [--hf-batch 0]
         [--hf-logprobs] [--grpo-shapes speedrun] [--grpo-prompts 16] [--grpo-new-tokens 64]
         [--micro-batch 32] [--skip-rollouts] [--skip-grpo] [--quick]
 """
@@ -666,7 +666,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64, help="part 1's prompts (speedrun)")
     parser.add_argument("--prompts-134m", type=int, default=16, help="part 1's prompts (134M)")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--slots", default="64", help="the engine's decode slots, e.g. 64,128")
+    parser.add_argument("--slots", default="128", help="the engine's decode slots, e.g. 64,128")
     parser.add_argument("--hf-batch", type=int, default=0, help="generate's rows (0: all)")
     parser.add_argument("--hf-logprobs", action="store_true", help="also generate + logprobs")
     parser.add_argument("--grpo-shapes", default="speedrun", help="part 2's shapes")

@@ -114,7 +114,7 @@ RL_KEYS = """\
 other settings (--set rl.KEY=VALUE): eps_low=0.2 eps_high=0.28 (clip-higher), micro_batch=32,
   warmup_steps=5, grad_clip=1.0, max_refills=4 (dynamic sampling rounds), eval_every=25,
   eval_problems=500, eval_samples=4 (sampled per problem), eval_seed=1234 (the fixed held-out
-  problems), train_problems=4000, checkpoint_every=25, engine_batch=64 (decode slots)
+  problems), train_problems=4000, checkpoint_every=25, engine_batch=128 (decode slots)
 """
 
 # Flags that set one RlConfig field each: (flag attribute, field).

@@ -49,7 +49,7 @@ class RlConfig:
     seed: int = 0
     precision: str = "fp32"
     device: str = "auto"
-    engine_batch: int = 64  # the engine's decode slots
+    engine_batch: int = 128  # the engine's decode slots (a 16 x 8 round at once)
 
     def validate(self) -> None:
         positive = (
