@@ -22,9 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from lmforge.errors import LmforgeError
-
-SCALES = ("group", "batch", "none")
-NORMS = ("dapo", "grpo", "dr_grpo")
+from lmforge.posttrain.rl_config import NORMS, SCALES
 
 
 def group_advantages(
