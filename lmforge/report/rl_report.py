@@ -38,14 +38,18 @@ def plot_rl(metrics: list[dict], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    held = [
-        (m["step"], m["test_accuracy"], m["test_stderr"]) for m in metrics if "test_accuracy" in m
-    ]
+    held = [m for m in metrics if "test_accuracy" in m]
     ax = axes.flat[-1]
     if held:
-        steps, values, errors = zip(*held, strict=True)
-        ax.errorbar(steps, values, yerr=[2 * e for e in errors], fmt="o-", capsize=3)
-    ax.set_title("held-out accuracy (greedy, ± 2 SE)")
+        steps = [m["step"] for m in held]
+        errors = [2 * m["test_stderr"] for m in held]
+        accuracy = [m["test_accuracy"] for m in held]
+        ax.errorbar(steps, accuracy, yerr=errors, fmt="o-", capsize=3, label="pass@1 (sampled)")
+        greedy = [m.get("test_greedy_accuracy") for m in held]
+        if None not in greedy:
+            ax.plot(steps, greedy, "s--", label="greedy")
+        ax.legend(fontsize=8)
+    ax.set_title("held-out accuracy (± 2 SE)")
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     fig.tight_layout()
