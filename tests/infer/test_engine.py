@@ -118,7 +118,9 @@ def test_samples_of_one_prompt_share_its_prefill_and_equal_separate_requests(mod
     with Engine(model, ByteTokenizer(), max_batch_size=8) as engine:
         forwards = []
         handle = model.register_forward_hook(lambda m, args, out: forwards.append(args[0].shape))
-        together = engine.generate([prompt] * 6, params)
+        with engine._wake:  # the scheduler waits: all six are admitted in one round
+            handles = [engine.submit(prompt, p) for p in params]
+        together = [h.result() for h in handles]
         handle.remove()
         alone = [engine.generate([prompt], p)[0] for p in params]
     prefills = [shape for shape in forwards if shape[1] > 1]
