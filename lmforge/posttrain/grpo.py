@@ -312,7 +312,7 @@ def grpo(
         stop_requests() as stop,
         bar(total=total, desc="rl", initial=step, disable=quiet) as progress,
     ):
-        while step < total and not _out_of_time(cfg, started, step):
+        while step < total and not _out_of_time(cfg, started):
             if stop.signal:
                 break
             collected = sampler.collect(step)
@@ -396,7 +396,7 @@ def evaluate_accuracy(engine: RolloutEngine, test: list[Problem], cfg: RlConfig)
     )
 
 
-def _out_of_time(cfg: RlConfig, started: float, step: int) -> bool:
+def _out_of_time(cfg: RlConfig, started: float) -> bool:
     return cfg.minutes > 0 and time.perf_counter() - started >= cfg.minutes * 60
 
 

@@ -71,10 +71,6 @@ class RolloutEngine:
             model, template.tokenizer, max_batch_size=max_batch_size, compile=compile
         )
 
-    @property
-    def model(self) -> Transformer:
-        return self.engine.model
-
     def prompt_ids(self, problem: Problem) -> list[int]:
         return self.template.prompt_ids([Message("user", problem.prompt)])
 
