@@ -17,7 +17,7 @@ from lmforge.errors import LmforgeError
 from lmforge.model.attention import Attention
 from lmforge.model.layers import Linear
 from lmforge.model.transformer import Transformer
-from lmforge.quant.calibration import block_passes
+from lmforge.quant.calibration import block_passes, check_inputs
 from lmforge.quant.schemes import fake_quantize
 
 CLIP_RATIOS = tuple(1.0 - 0.05 * i for i in range(11))  # 1.0 down to 0.5
@@ -27,7 +27,7 @@ def apply_awq(
     model: Transformer,
     calibration: torch.Tensor,
     scheme: str,
-    group_size: int,
+    group_size: int | None,
     grid: int = 20,
     clip: bool = True,
     max_tokens: int = 4096,
@@ -43,6 +43,7 @@ def apply_awq(
     """
     if grid < 1:
         raise LmforgeError(f"AWQ grid={grid} must be at least 1: pass a positive grid size")
+    check_inputs(model, calibration, scheme, group_size)
     stride = max(1, -(-calibration.numel() // max_tokens))
     stats: dict = {"skipped": []}
     for i, block, run in block_passes(model, calibration):
@@ -163,7 +164,7 @@ def _clip(linear: Linear, x: torch.Tensor, group_size: int, rows: int = 256) -> 
     for r0 in range(0, out, rows):
         wg = w[r0 : r0 + rows].view(-1, g, group_size)
         lo, hi = wg.amin(dim=-1, keepdim=True), wg.amax(dim=-1, keepdim=True)
-        best_err = torch.full(wg.shape[:2], float("inf"))
+        best_err = torch.full(wg.shape[:2], float("inf"), device=w.device)
         best_w = wg.clone()
         for r in CLIP_RATIOS:
             wc = torch.maximum(torch.minimum(wg, hi * r), lo * r)

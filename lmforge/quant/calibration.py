@@ -15,6 +15,17 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.model.layers import Linear, SwiGLU
 from lmforge.model.transformer import Block, Transformer
+from lmforge.quant.schemes import check_shape
+
+
+def check_inputs(
+    model: Transformer, calibration: torch.Tensor, scheme: str, group_size: int | None
+) -> None:
+    """Refuse, before anything changes, a scheme no block Linear can take or bad calibration."""
+    for block in model.layers:
+        for linear in block_linears(block).values():
+            check_shape(tuple(linear.weight.shape), scheme, group_size)
+    check_calibration(model, calibration)
 
 
 def check_calibration(model: Transformer, calibration: torch.Tensor) -> None:

@@ -9,21 +9,27 @@ as the plain per-column loop it reorganises.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.model.transformer import Transformer
-from lmforge.quant.calibration import block_linears, block_passes
-from lmforge.quant.schemes import QuantizedWeight, int4_codes, int4_params, int4_weight, quantize
+from lmforge.quant.calibration import block_linears, block_passes, check_inputs
+from lmforge.quant.schemes import (
+    INT8_MAX,
+    QuantizedWeight,
+    check_shape,
+    int4_codes,
+    int4_params,
+    int4_weight,
+    int8_scales,
+)
 
 
 def gptq_quantize(
     weight: torch.Tensor,
     hessian: torch.Tensor,
     scheme: str,
-    group_size: int,
+    group_size: int | None,
     block_size: int = 128,
     damp: float = 0.01,
     act_order: bool = False,
@@ -42,14 +48,8 @@ def gptq_quantize(
             f"GPTQ hessian {tuple(hessian.shape)} does not match weight {tuple(weight.shape)}: "
             f"pass an ({cols}, {cols}) Hessian of the layer's inputs"
         )
-    if scheme not in ("int8", "int4"):
-        raise LmforgeError(f"GPTQ scheme {scheme!r} is unknown: pass int8 or int4")
+    check_shape((out, cols), scheme, group_size)
     if scheme == "int4":
-        if cols % group_size:
-            raise LmforgeError(
-                f"GPTQ group_size={group_size} does not divide in_features={cols}: "
-                "pick a group size that divides it"
-            )
         block_size = -(-block_size // group_size) * group_size
     w = weight.detach().to(torch.float64).clone()
     h = hessian.detach().to(torch.float64).clone()
@@ -58,17 +58,16 @@ def gptq_quantize(
     w[:, dead] = 0.0  # no input ever reaches these columns
     static = act_order and scheme == "int4"
     n_groups = cols // group_size if scheme == "int4" else 1
-    scales = torch.zeros(out, n_groups, dtype=torch.float32)
-    zeros = torch.zeros(out, n_groups, dtype=torch.float32)
+    scales = torch.zeros(out, n_groups, dtype=torch.float32, device=w.device)
+    zeros = torch.zeros_like(scales)
     if static:
         scales, zeros = int4_params(w.float(), group_size)
-    rtn = quantize(w.float(), scheme, group_size) if scheme == "int8" else None
-    row_scale = rtn.scales.reshape(out).to(torch.float64) if rtn is not None else None
+    row_scale = int8_scales(w) if scheme == "int8" else None
     perm = torch.argsort(h.diagonal(), descending=True) if act_order else torch.arange(cols)
     w, h = w[:, perm], h[perm][:, perm]
-    h += damp * h.diagonal().mean() * torch.eye(cols, dtype=h.dtype)
+    h += damp * h.diagonal().mean() * torch.eye(cols, dtype=h.dtype, device=h.device)
     hinv = _upper_cholesky_inverse(h)
-    codes = torch.zeros(out, cols, dtype=torch.int16)
+    codes = torch.zeros(out, cols, dtype=torch.int16, device=w.device)
 
     for b0 in range(0, cols, block_size):
         b1 = min(b0 + block_size, cols)
@@ -79,8 +78,8 @@ def gptq_quantize(
             c = b0 + i
             col = wb[:, i]
             if scheme == "int8":
-                code = torch.clamp(torch.round(col / row_scale), -INT8_MAX, INT8_MAX)
-                q = code * row_scale
+                code = torch.clamp(torch.round(col / row_scale.double()), -INT8_MAX, INT8_MAX)
+                q = code * row_scale.double()
             else:
                 g = int(perm[c]) // group_size if static else c // group_size
                 if not static and c % group_size == 0:
@@ -99,10 +98,7 @@ def gptq_quantize(
     codes = codes[:, torch.argsort(perm)]
     if scheme == "int4":
         return int4_weight(codes.to(torch.uint8), scales, zeros, group_size)
-    return dataclasses.replace(rtn, qweight=codes.to(rtn.qweight.dtype))
-
-
-INT8_MAX = 127
+    return QuantizedWeight("int8", codes.to(torch.int8), row_scale, None, None, (out, cols))
 
 
 def _upper_cholesky_inverse(h: torch.Tensor) -> torch.Tensor:
@@ -121,7 +117,7 @@ def gptq_quantize_model(
     model: Transformer,
     calibration: torch.Tensor,
     scheme: str,
-    group_size: int,
+    group_size: int | None,
     **kw: object,
 ) -> dict[str, QuantizedWeight]:
     """GPTQ for every block's attention and SwiGLU Linears, keyed like "layers.0.attn.q_proj".
@@ -130,11 +126,14 @@ def gptq_quantize_model(
     their weights already quantized. The model's weights are left as they were. MoE experts are
     skipped (they stay round-to-nearest) and so are the embedding and output head.
     """
+    check_inputs(model, calibration, scheme, group_size)
     result: dict[str, QuantizedWeight] = {}
     for i, block, run in block_passes(model, calibration):
         linears = block_linears(block)
         hessians = {
-            n: torch.zeros(lin.in_features, lin.in_features, dtype=torch.float64)
+            n: torch.zeros(
+                lin.in_features, lin.in_features, dtype=torch.float64, device=lin.weight.device
+            )
             for n, lin in linears.items()
         }
         counts = dict.fromkeys(linears, 0)

@@ -8,8 +8,8 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.quant.gptq import gptq_quantize, gptq_quantize_model
-from lmforge.quant.schemes import fake_quantize, int4_codes, int4_params, quantize
-from tests.quant.test_awq import calibration, outlier_model, rtn
+from lmforge.quant.schemes import fake_quantize, int4_codes, int4_params, int8_scales
+from tests.quant.test_awq import calibration, counting_batch, outlier_model, rtn, trained_model
 
 
 def layer(out: int = 24, cols: int = 128, n: int = 400, seed: int = 0):
@@ -25,11 +25,11 @@ def layer(out: int = 24, cols: int = 128, n: int = 400, seed: int = 0):
 def reference(w, h, scheme, group_size, damp=0.01):
     """Plain GPTQ: one column at a time, updating every later column right away."""
     w, h = w.double().clone(), h.double().clone()
-    out, cols = w.shape
+    cols = w.shape[1]
     h += damp * h.diagonal().mean() * torch.eye(cols, dtype=h.dtype)
     u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
     q_all = torch.zeros_like(w)
-    row_scale = quantize(w.float(), "int8", group_size).scales.reshape(out).double()
+    row_scale = int8_scales(w.float()).double()
     for c in range(cols):
         if scheme == "int4" and c % group_size == 0:
             sc, ze = int4_params(w[:, c : c + group_size].float(), group_size)
@@ -76,6 +76,8 @@ def test_dead_columns_and_bad_hessian():
     assert torch.isfinite(q).all() and q[:, 7].abs().max() < 1e-6
     with pytest.raises(LmforgeError, match="hessian"):
         gptq_quantize(w, h[:10, :10], "int4", 32)
+    with pytest.raises(LmforgeError, match="scheme"):
+        gptq_quantize(w, h, "int3", 32)
 
 
 def test_sequential_model_pass_beats_rtn():
@@ -106,3 +108,16 @@ def test_sequential_model_pass_beats_rtn():
             model.get_submodule(name).weight.copy_(qw.dequantize(torch.float32))
         err_gptq = (model(ids) - ref).pow(2).mean().item()
     assert err_gptq < 0.7 * err_rtn
+
+
+def test_gptq_beats_rtn_on_a_briefly_trained_model():
+    ids, cal = counting_batch(1)[:, :32], counting_batch(2)[:, :32]
+    model = trained_model()
+    with torch.no_grad():
+        ref = model(ids)
+    plain = rtn(trained_model(), "int4", 32)
+    result = gptq_quantize_model(model, cal, "int4", 32)
+    with torch.no_grad():
+        for name, qw in result.items():
+            model.get_submodule(name).weight.copy_(qw.dequantize(torch.float32))
+        assert (model(ids) - ref).pow(2).mean() < 0.9 * (plain(ids) - ref).pow(2).mean()
