@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.device.capability import CpuCapability, cpu_capability
+from lmforge.errors import LmforgeError
 from lmforge.model.layers import Linear
 
 STREAMED_MAX_ROWS = 2  # from 4 rows on, oneDNN's packed kernel is faster
@@ -111,9 +112,18 @@ def load_for_decode(
 ):
     """`(model, tokenizer)` of a checkpoint through train.checkpoint.load_checkpoint (which
     checks the device and the folder, with one-line errors; a LoRA `adapter` folder is merged
-    in), in the dtype `decode_dtype` picks for it on `device`."""
+    in), in the dtype `decode_dtype` picks for it on `device`. A quantized checkpoint loads
+    through quant.checkpoint; its float parts (embedding, norms, head) decode in float32."""
+    from lmforge.quant.checkpoint import load_quantized, read_quantization
     from lmforge.train.checkpoint import load_checkpoint, saved_dtype
 
+    if read_quantization(checkpoint) is not None:
+        if adapter is not None:
+            raise LmforgeError(
+                "a LoRA adapter cannot be merged into a quantized checkpoint: quantize the "
+                "float checkpoint with the adapter merged (lmforge export), then serve that"
+            )
+        return load_quantized(checkpoint, device)
     model, tokenizer = load_checkpoint(checkpoint, device, adapter)
     placed = next(model.parameters()).device  # "auto" resolved
     return model.to(decode_dtype(saved_dtype(checkpoint), placed)), tokenizer

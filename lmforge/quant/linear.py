@@ -1,0 +1,94 @@
+"""QuantizedLinear: a Linear whose weight is int8 or packed int4, and the kernel that reads it.
+
+Decode is bound by the bytes of weight read per token, so the one- and two-row path is the
+streamed layout of infer/weights.py with dequantization inside it: compiled, the product
+`(x[..., None, :] * dequantized W).sum(-1)` becomes one Inductor loop that reads the integer
+codes (and the small scales), converts them in registers and accumulates, never writing a float
+copy of W. Larger batches are bound by the matrix kernel instead: int8 uses torch's
+`_weight_int8pack_mm`, and int4 (whose CPU kernel wants bf16 activations) dequantizes and calls
+the float matmul. `kernel_for` is the one place that choice is made.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.quant.schemes import QuantizedWeight, check_shape
+
+STREAMED_MAX_ROWS = 2
+
+
+def kernel_for(scheme: str, rows: int, compiling: bool, x: torch.Tensor) -> str:
+    """Which kernel multiplies `rows` rows of `x` by a `scheme` weight."""
+    if compiling and rows <= STREAMED_MAX_ROWS:
+        return "streamed"
+    if scheme == "int8" and x.device.type == "cpu" and x.dtype == torch.float32:
+        return "int8pack"
+    return "dequantize"
+
+
+class QuantizedLinear(nn.Module):
+    """y = x Wᵀ for W stored as a QuantizedWeight; buffers, so it saves in a state dict."""
+
+    def __init__(
+        self, in_features: int, out_features: int, scheme: str, group_size: int | None
+    ) -> None:
+        super().__init__()
+        check_shape((out_features, in_features), scheme, group_size)
+        self.in_features, self.out_features = in_features, out_features
+        self.scheme, self.group_size = scheme, group_size
+        if scheme == "int8":
+            codes = torch.zeros(out_features, in_features, dtype=torch.int8)
+            self.register_buffer("qweight", codes)
+            self.register_buffer("scales", torch.ones(out_features))
+        else:
+            groups = in_features // group_size
+            packed = torch.zeros(out_features, in_features // 2, dtype=torch.uint8)
+            self.register_buffer("qweight", packed)
+            self.register_buffer("scales", torch.ones(out_features, groups))
+            self.register_buffer("zeros", torch.zeros(out_features, groups))
+
+    @classmethod
+    def from_weight(cls, q: QuantizedWeight) -> QuantizedLinear:
+        out_features, in_features = q.shape
+        module = cls(in_features, out_features, q.scheme, q.group_size)
+        module.qweight.copy_(q.qweight)
+        module.scales.copy_(q.scales)
+        if q.zeros is not None:
+            module.zeros.copy_(q.zeros)
+        return module
+
+    def quantized_weight(self) -> QuantizedWeight:
+        zeros = self.zeros if self.scheme == "int4" else None
+        shape = (self.out_features, self.in_features)
+        return QuantizedWeight(
+            self.scheme, self.qweight, self.scales, zeros, self.group_size, shape
+        )
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """W in `dtype`, written as elementwise ops on the codes so that Inductor can fuse them
+        into the loop that consumes W."""
+        if self.scheme == "int8":
+            return self.qweight.to(dtype) * self.scales[:, None].to(dtype)
+        low, high = self.qweight & 0xF, self.qweight >> 4
+        codes = torch.stack((low, high), dim=-1).view(self.out_features, -1, self.group_size)
+        w = (codes.to(dtype) - self.zeros[..., None].to(dtype)) * self.scales[..., None].to(dtype)
+        return w.view(self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[:-1].numel()
+        kernel = kernel_for(self.scheme, rows, torch.compiler.is_compiling(), x)
+        if kernel == "streamed":
+            return (x.unsqueeze(-2) * self.dequantized(x.dtype)).sum(-1)
+        if kernel == "int8pack":
+            rows = x.reshape(-1, self.in_features)
+            y = torch._weight_int8pack_mm(rows, self.qweight, self.scales)
+            return y.view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.dequantized(x.dtype))
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.group_size else ""
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, {self.scheme}{group}"
