@@ -18,6 +18,16 @@ SURFACE = {
     "doctor": {"--json"},
     "export": {"--checkpoint", "--format", "--out"},
     "import": {"--from", "--out"},
+    "quantize": {
+        "--checkpoint",
+        "--scheme",
+        "--group-size",
+        "--method",
+        "--calibration",
+        "--calibration-sequences",
+        "--quantize-head",
+        "--out",
+    },
     "speedrun": {
         "--preset",
         "--config",
@@ -517,6 +527,7 @@ COMMANDS = {
     "chat": ["chat"],
     "eval": ["eval"],
     "export": ["export", "--out", "{tmp}/hf"],
+    "quantize": ["quantize", "--scheme", "int8", "--out", "{tmp}/hf"],
     "serve": ["serve", "--port", "0"],
 }
 

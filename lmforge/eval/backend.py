@@ -62,9 +62,9 @@ class EngineBackend:
         add_bos: bool = True,
         max_length: int | None = None,
     ) -> EngineBackend:
-        from lmforge.train.checkpoint import load_checkpoint
+        from lmforge.quant.checkpoint import load_any_checkpoint
 
-        model, tokenizer = load_checkpoint(checkpoint, device)
+        model, tokenizer = load_any_checkpoint(checkpoint, device)
         engine = Engine(model.float(), tokenizer, max_batch_size=max_batch_size)
         return cls(engine, tokenizer, add_bos, max_length)
 

@@ -17,11 +17,11 @@ import numpy as np
 from lmforge.data import is_validation, read_documents, stdlib_documents
 from lmforge.errors import LmforgeError
 from lmforge.prepare import DataConfig
+from lmforge.quant.checkpoint import load_any_checkpoint
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokens import load_tokens, read_meta
 from lmforge.tokens.encode import document_ids
 from lmforge.train.bpb import EvalResult, evaluate, token_byte_lengths
-from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import TRAINED_ON, read_run_config, resolve_checkpoint
 
 
@@ -46,7 +46,28 @@ def evaluate_checkpoint(
     max_batches: int = 64,
     device: str = "cpu",
 ) -> CheckpointEval:
-    model, tokenizer = load_checkpoint(checkpoint, device)
+    model, tokenizer = load_any_checkpoint(checkpoint, device)
+    tokens, what, split, own_data = validation_tokens(checkpoint, tokenizer, data, val_fraction)
+    result = evaluate(
+        model,
+        tokens,
+        token_byte_lengths(tokenizer),
+        seq_len or model.config.max_seq_len,
+        batch_size,
+        max_batches,
+        device=next(model.parameters()).device,
+    )
+    return CheckpointEval(result, what, split, own_data)
+
+
+def validation_tokens(
+    checkpoint: str | Path,
+    tokenizer: Tokenizer,
+    data: str | Path | None = None,
+    val_fraction: float | None = None,
+) -> tuple[np.ndarray, str, str, bool]:
+    """(tokens, what, split, own_data): the validation tokens of `data` (default: the data the
+    checkpoint's run trained on, its own held-out split), with words for the report."""
     found = resolve_checkpoint(checkpoint)
     run = read_run_config(found)
     if val_fraction is None:  # the split the checkpoint's own run held out
@@ -71,16 +92,7 @@ def evaluate_checkpoint(
         tokens = np.asarray(ids, dtype=np.int64)
         what = "the Python standard library" if data == "stdlib" else f"documents {data}"
         split = f"held-out {val_fraction:g} by id hash, {len(tokens):,} tokens"
-    result = evaluate(
-        model,
-        tokens,
-        token_byte_lengths(tokenizer),
-        seq_len or model.config.max_seq_len,
-        batch_size,
-        max_batches,
-        device=next(model.parameters()).device,
-    )
-    return CheckpointEval(result, what, split, own_data)
+    return tokens, what, split, own_data
 
 
 def run_data(checkpoint: Path, run: dict, tokenizer: Tokenizer) -> str:

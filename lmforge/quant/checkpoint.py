@@ -127,3 +127,10 @@ def check_dtypes(model: Transformer, scheme: str, weights: Path) -> None:
                         f"{weights}: {key} holds {found} codes but config.json says {scheme} "
                         f"({expected}): quantize the checkpoint again"
                     )
+
+
+def load_any_checkpoint(checkpoint: str | Path, device: str | torch.device = "cpu"):
+    """`(model, tokenizer)` of a float or a quantized checkpoint, as it was saved."""
+    if read_quantization(checkpoint) is not None:
+        return load_quantized(checkpoint, device)
+    return load_checkpoint(checkpoint, device)
