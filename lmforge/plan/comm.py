@@ -35,6 +35,7 @@ from lmforge.plan.shapes import ModelShape
 
 RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n}
 RING_FACTOR["all_gather"] = RING_FACTOR["reduce_scatter"] = lambda n: (n - 1) / n
+RING_FACTOR["all_to_all"] = lambda n: (n - 1) / n  # the share of rows leaving the rank
 
 
 def tp_local_params(shape: ModelShape, tp: int) -> int:
@@ -97,6 +98,30 @@ def comm_bytes_per_step(
         else:
             out["tp.all_reduce"] = total
     return out
+
+
+def ep_all_to_all_bytes(
+    tokens: int,
+    top_k: int,
+    d_model: int,
+    n_experts: int,
+    n_moe_layers: int,
+    activation_bytes: int,
+    grad_accum: int = 1,
+    activation_checkpointing: str = "none",
+) -> int:
+    """Expert-parallel all-to-all bytes per rank per step (parallel/expert_parallel.py's calls).
+
+    Routing assumption: uniform, so every rank receives as many rows as it sends. Per MoE layer
+    and micro-batch of `tokens` tokens on the rank: the per-expert counts (n_experts int64), then
+    the dispatch of tokens·top_k rows of d_model and the combine of as many back, each again in
+    backward (the forward ones again when full activation checkpointing recomputes the block).
+    Rows a rank keeps for its own experts count too: the counter counts each call's input.
+    """
+    rows = tokens * top_k * d_model * activation_bytes
+    forwards = 2 if activation_checkpointing == "full" else 1
+    per_layer = forwards * (n_experts * 8 + 2 * rows) + 2 * rows
+    return grad_accum * n_moe_layers * per_layer
 
 
 def collective_time(op: str, nbytes: float, ranks: int, bandwidth: float) -> float:
