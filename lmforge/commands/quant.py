@@ -61,7 +61,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         calibration,
         args.quantize_head,
     )
-    group = f"-g{args.group_size}" if args.scheme == "int4" else ""
+    from lmforge.quant.checkpoint import read_quantization
+
+    group_size = read_quantization(out)["group_size"]
+    group = f"-g{group_size}" if group_size else ""
     print(f"quantized {args.checkpoint} to {args.scheme}{group} ({args.method}): {out}")
     return 0
 

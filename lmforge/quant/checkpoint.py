@@ -60,12 +60,14 @@ def quantize_checkpoint(
         raise LmforgeError(f"{source} is already quantized: quantize its float checkpoint")
     model, _ = load_checkpoint(source)
     model = model.float()
-    names = quantize_model(model, scheme, group_size, method, calibration, quantize_head)
+    names, group_size = quantize_model(
+        model, scheme, group_size, method, calibration, quantize_head
+    )
     config = json.loads((source / "config.json").read_text())
     config.pop("lora", None)  # load_checkpoint merged the adapters
     config[QUANTIZATION] = {
         "scheme": scheme,
-        "group_size": group_size if scheme == "int4" else None,
+        "group_size": group_size,
         "method": method,
         "quantize_head": quantize_head,
         "modules": names,

@@ -16,7 +16,7 @@ from lmforge.errors import LmforgeError
 from lmforge.model.layers import Linear
 from lmforge.model.transformer import Transformer
 from lmforge.quant.linear import QuantizedLinear
-from lmforge.quant.schemes import QuantizedWeight, check_shape, quantize
+from lmforge.quant.schemes import GROUP_SIZES, QuantizedWeight, check_shape, quantize
 
 METHODS = ("rtn", "awq", "gptq")
 
@@ -46,13 +46,15 @@ def quantize_model(
     method: str = "rtn",
     calibration: torch.Tensor | None = None,
     quantize_head: bool = False,
-) -> list[str]:
+) -> tuple[list[str], int | None]:
     """Replace the model's Linears (see `quantized_names`) by QuantizedLinears; returns their
-    names. AWQ and GPTQ need `calibration` token ids (N, T)."""
+    names and the int4 group size used (see `fitting_group_size`). AWQ and GPTQ need
+    `calibration` token ids (N, T)."""
     if method not in METHODS:
         raise LmforgeError(f"unknown quantization method {method!r}: use one of {METHODS}")
-    group_size = group_size if scheme == "int4" else None
     names = quantized_names(model, quantize_head)
+    inputs = [model.get_submodule(name).in_features for name in names]
+    group_size = fitting_group_size(inputs, group_size) if scheme == "int4" else None
     for name in names:
         check_shape(tuple(model.get_submodule(name).weight.shape), scheme, group_size)
     if method != "rtn" and calibration is None:
@@ -70,7 +72,15 @@ def quantize_model(
         linear = model.get_submodule(name)
         weight = chosen.get(name) or quantize(linear.weight.float(), scheme, group_size)
         replace_module(model, name, QuantizedLinear.from_weight(weight))
-    return names
+    return names, group_size
+
+
+def fitting_group_size(inputs: list[int], requested: int | None) -> int | None:
+    """The largest supported int4 group size up to `requested` that divides every matrix's
+    input count: the speedrun's MLP (d_ff 704 = 11 · 64) takes groups of 64 when 128 is asked.
+    Returns `requested` itself when none fits, so that the shape check names the matrix."""
+    fitting = [g for g in GROUP_SIZES if g <= (requested or 0) and not any(n % g for n in inputs)]
+    return max(fitting) if requested in GROUP_SIZES and fitting else requested
 
 
 def quantized_skeleton(

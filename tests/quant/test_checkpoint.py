@@ -79,6 +79,9 @@ def test_generate_serves_an_int4_awq_checkpoint(checkpoint, tmp_path, capsys) ->
     calibration = torch.randint(0, 300, (4, 32), generator=torch.Generator().manual_seed(0))
     out = quantize_checkpoint(checkpoint, tmp_path / "int4", "int4", 64, "awq", calibration)
     assert read_quantization(out)["group_size"] == 64
+    # groups of 128 do not divide d_model 64: the largest size that divides every matrix is used
+    out = quantize_checkpoint(checkpoint, tmp_path / "g128", "int4", 128)
+    assert read_quantization(out)["group_size"] == 64
     args = ["--prompt", "def f(", "--temperature", "0", "--max-new-tokens", "5"]
     assert main(["generate", "--checkpoint", str(out), *args]) == 0
     assert capsys.readouterr().out.startswith("def f(")

@@ -1,0 +1,181 @@
+"""Quantized decode and quality: fp32 against lmforge int8 / int4-g128 and torchao, one run.
+
+Speed: every side is lmforge's engine with a compiled decode step over identical weights, at
+batch 1 (a one-slot engine) and batch 8 (eight slots), timed as in bench_infer.py (CPU time of
+the scheduler thread, one thread, interleaved repetitions, medians):
+- fp32: today's best, the weights re-laid for the batch (streamed at batch 1, oneDNN-packed at 8);
+- lmforge int8 / int4-g128: QuantizedLinear (dequantization fused into the streamed loop at
+  batch 1; torch's int8 packed kernel, or dequantize-then-matmul for int4, at batch 8);
+- torchao: `quantize_(model, Int8WeightOnlyConfig())` on the same float model.
+Resident weight bytes are measured from the modules' tensors.
+
+Quality (with --checkpoint): bits per byte on the checkpoint's validation split for the float
+model and its int8, int4-g128 RTN, AWQ and GPTQ quantizations (calibration: 128 windows of the
+same split, as `lmforge quantize` takes by default), and each one's Δ against float.
+Writes benchmarks/results/quant.json.
+
+    python benchmarks/bench_quant.py [--reps 3] [--only small|large] [--checkpoint RUN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch
+from bench_infer import NoSpecials, lmforge_run, rates
+
+from lmforge.infer.engine import Engine
+from lmforge.model import ModelConfig, Transformer
+from lmforge.quant.quantize import quantize_model
+
+RESULTS = Path(__file__).parent / "results" / "quant.json"
+BATCH, PROMPT = 8, 128
+MODELS = {  # config, decode steps
+    "small": (ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=4), 64),
+    "large": (ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12), 32),
+}
+TARGETS = {("int8", "b1"): 2.0, ("int4-g128", "b1"): 3.0, ("int8", "b8"): 1.3}
+
+
+def resident_bytes(model: torch.nn.Module) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def variants(model: Transformer) -> dict[str, tuple[Transformer, bool]]:
+    """label: (model, relayout_weights)."""
+    out = {"fp32": (model, True)}
+    for label, scheme, group in (("int8", "int8", None), ("int4-g128", "int4", 128)):
+        q = copy.deepcopy(model)
+        quantize_model(q, scheme, group)
+        out[label] = (q, False)
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        ao = copy.deepcopy(model)
+        quantize_(ao, Int8WeightOnlyConfig())
+        out["torchao int8"] = (ao, False)
+    except Exception as e:  # torchao is a bench extra; say why a row is missing
+        print(f"torchao int8 skipped: {type(e).__name__}: {e}")
+    return out
+
+
+def bench_speed(name: str, reps: int) -> dict:
+    config, steps = MODELS[name]
+    config.max_seq_len = 512
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, config.vocab_size, (BATCH, PROMPT), generator=g).tolist()
+    engines, result = {}, {}
+    for label, (m, relayout) in variants(model).items():
+        engines[label] = tuple(
+            Engine(
+                copy.deepcopy(m),
+                NoSpecials(),
+                max_batch_size=slots,
+                compile=True,
+                relayout_weights=relayout,
+            )
+            for slots in (1, BATCH)
+        )
+        result[label] = {"resident_weight_bytes": resident_bytes(m)}
+    samples: dict[str, dict[str, list[float]]] = {k: {"b1": [], "b8": []} for k in engines}
+    for one, many in engines.values():  # warm up: the compiled steps compile here
+        lmforge_run(one, prompts[:1], 3)
+        lmforge_run(many, prompts, 3)
+    for _ in range(reps):
+        for label, (one, many) in engines.items():
+            samples[label]["b1"].append(rates(lmforge_run(one, prompts[:1], steps), 1, PROMPT)[1])
+            samples[label]["b8"].append(rates(lmforge_run(many, prompts, steps), BATCH, PROMPT)[1])
+    for label, pair in engines.items():
+        for e in pair:
+            e.close()
+        for key in ("b1", "b8"):
+            result[label][f"decode_{key}"] = statistics.median(samples[label][key])
+            result[label][f"ratio_{key}"] = result[label][f"decode_{key}"] / statistics.median(
+                samples["fp32"][key]
+            )
+    return result
+
+
+def bench_quality(checkpoint: str) -> dict:
+    from lmforge.commands.quant import calibration_ids
+    from lmforge.eval.run import evaluate_checkpoint
+    from lmforge.quant.checkpoint import quantize_checkpoint
+
+    calibration = calibration_ids(checkpoint, None, 128)
+    rows = {"fp32": evaluate_checkpoint(checkpoint).result.bpb}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, scheme, method in (
+            ("int8", "int8", "rtn"),
+            ("int4-g128 rtn", "int4", "rtn"),
+            ("int4-g128 awq", "int4", "awq"),
+            ("int4-g128 gptq", "int4", "gptq"),
+        ):
+            out = quantize_checkpoint(
+                checkpoint, Path(tmp) / label.replace(" ", "-"), scheme, 128, method, calibration
+            )
+            rows[label] = evaluate_checkpoint(out).result.bpb
+    return {k: {"bpb": v, "delta": v - rows["fp32"]} for k, v in rows.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--only", choices=sorted(MODELS))
+    parser.add_argument("--checkpoint", help="a run or checkpoint for the Δbpb table")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__}
+    out["speed"] = {}
+    print("| model | weights | resident MB | decode b1 tok/s | ×fp32 | decode b8 tok/s | ×fp32 |")
+    for name in [args.only] if args.only else list(MODELS):
+        out["speed"][name] = r = bench_speed(name, args.reps)
+        for label, m in r.items():
+            print(
+                f"| {name} | {label} | {m['resident_weight_bytes'] / 1e6:.1f} | "
+                f"{m['decode_b1']:.1f} | {m['ratio_b1']:.2f} | {m['decode_b8']:.1f} | "
+                f"{m['ratio_b8']:.2f} |"
+            )
+    if "large" in out["speed"]:
+        large = out["speed"]["large"]
+        out["targets"] = {}
+        for (label, key), target in TARGETS.items():
+            ratio = large[label][f"ratio_{key}"]
+            ahead = all(
+                ratio >= large[other][f"ratio_{key}"] for other in large if "torchao" in other
+            )
+            out["targets"][f"{label} {key}"] = {
+                "ratio": ratio,
+                "target": target,
+                "met": ratio >= target,
+                "ahead_of_torchao": ahead,
+            }
+            print(
+                f"target {label} {key}: {ratio:.2f}x (≥ {target}x: {ratio >= target}); "
+                f"ahead of torchao: {ahead}"
+            )
+    if args.checkpoint:
+        out["quality"] = q = bench_quality(args.checkpoint)
+        print("| weights | bpb | Δ vs fp32 |")
+        for label, row in q.items():
+            print(f"| {label} | {row['bpb']:.4f} | {row['delta']:+.4f} |")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.replace(RESULTS)
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
