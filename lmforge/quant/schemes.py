@@ -4,8 +4,11 @@
   q = clamp(round(w / s_r), -127, 127), stored as int8 (out, in).
 - int4: group-wise asymmetric along the input dimension, as AWQ and GPTQ store it. Each group of
   `group_size` consecutive inputs of a row has a scale and an integer zero point in [0, 15]:
-  w ≈ (q − zero) · scale with codes q in [0, 15]. Two codes share a byte, the even column in the
-  low nibble and the odd column in the high one: uint8 (out, in / 2).
+  w ≈ (q − zero) · scale with codes q in [0, 15]. Two codes share a byte, both of one group:
+  column j of the group's first half in the low nibble, column j + group/2 in the high one,
+  uint8 (out, in / 2). Split by half-groups rather than even/odd, the decode kernel unpacks each
+  nibble into contiguous runs with no interleaving, which Inductor streams about as fast as the
+  fp32 weight's loop (an interleaved unpack measured 6x slower).
 
 RTN (round to nearest) is `quantize`; AWQ (awq.py) rescales weights before it and GPTQ (gptq.py)
 chooses codes with error feedback, both through `int4_params`, `int4_codes` and `fake_quantize`.
@@ -39,7 +42,7 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.scheme == "int8":
             return (self.qweight.float() * self.scales[:, None]).to(dtype)
-        codes = unpack_int4(self.qweight).float()
+        codes = unpack_int4(self.qweight, self.group_size).float()
         return _per_group(codes, self.group_size, self.scales, self.zeros).to(dtype)
 
     @property
@@ -96,24 +99,31 @@ def int4_codes(
     return codes.clamp(0, INT4_MAX).reshape(w.shape).to(torch.uint8)
 
 
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """(out, in) codes in [0, 15] → uint8 (out, in / 2): column 2j low nibble, 2j+1 high."""
-    if codes.shape[-1] % 2:
-        raise LmforgeError(f"cannot pack {codes.shape[-1]} int4 columns: the count must be even")
-    codes = codes.to(torch.uint8)
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+def pack_int4(codes: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(out, in) codes in [0, 15] → uint8 (out, in / 2): in each group, column j in the low
+    nibble and column j + group_size/2 in the high one."""
+    out, inputs = codes.shape
+    halves = codes.to(torch.uint8).view(out, inputs // group_size, 2, group_size // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(out, inputs // 2)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+def unpack_int4(packed: torch.Tensor, group_size: int) -> torch.Tensor:
     """The exact inverse of `pack_int4`: uint8 (out, in / 2) → codes (out, in)."""
-    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+    out, half = packed.shape
+    pairs = packed.view(out, -1, 1, group_size // 2)
+    return torch.cat((pairs & 0xF, pairs >> 4), dim=2).view(out, 2 * half)
 
 
 def int4_weight(
     codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int
 ) -> QuantizedWeight:
     return QuantizedWeight(
-        "int4", pack_int4(codes), scales.float(), zeros.float(), group_size, tuple(codes.shape)
+        "int4",
+        pack_int4(codes, group_size),
+        scales.float(),
+        zeros.float(),
+        group_size,
+        tuple(codes.shape),
     )
 
 

@@ -33,8 +33,16 @@ def test_eager_kernels_equal_dequantize_then_matmul(scheme, group_size, rows) ->
 def test_the_kernel_is_chosen_by_rows_compilation_and_scheme() -> None:
     x = torch.zeros(1, 8)
     assert kernel_for("int4", 2, True, x) == kernel_for("int8", 1, True, x) == "streamed"
-    assert kernel_for("int8", 3, True, x) == kernel_for("int8", 1, False, x) == "int8pack"
-    assert kernel_for("int8", 4, False, x.bfloat16()) == "dequantize"
+    assert kernel_for("int8", 3, True, x.bfloat16()) == "int8pack"
+    assert kernel_for("int8", 1, False, x.bfloat16()) == "int8pack"
+    assert kernel_for("int8", 4, False, x) == "dequantize"
+
+
+def test_int8_packed_kernel_with_bf16_activations() -> None:
+    module, w = linear("int8", None)
+    x = torch.randn(8, 256).bfloat16()
+    got, want = module(x).float(), F.linear(x.float(), w)
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
     assert kernel_for("int4", 8, False, x) == "dequantize"
 
 

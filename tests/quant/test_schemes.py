@@ -49,14 +49,15 @@ def test_int4_error_is_within_half_a_step(group_size: int, out: int) -> None:
 
 def test_int4_codes_and_packing_round_trip_exactly() -> None:
     codes = torch.randint(0, 16, (7, 64), dtype=torch.uint8)
-    packed = pack_int4(codes)
+    packed = pack_int4(codes, 32)
     assert packed.shape == (7, 32)
-    assert torch.equal(unpack_int4(packed), codes)
-    assert torch.equal(packed[:, 0], codes[:, 0] | (codes[:, 1] << 4))
+    assert torch.equal(unpack_int4(packed, 32), codes)
+    assert torch.equal(packed[:, 0], codes[:, 0] | (codes[:, 16] << 4))
+    assert torch.equal(packed[:, 16], codes[:, 32] | (codes[:, 48] << 4))
     w = weights(7, 64)
     scales, zeros = int4_params(w, 32)
     q = quantize(w, "int4", 32)
-    assert torch.equal(unpack_int4(q.qweight), int4_codes(w, scales, zeros, 32))
+    assert torch.equal(unpack_int4(q.qweight, 32), int4_codes(w, scales, zeros, 32))
 
 
 def test_quantized_bytes_are_a_quarter_and_an_eighth_plus_scales() -> None:
