@@ -67,6 +67,7 @@ class Transformer(nn.Module):
         last_only: bool = False,
         logits_at: torch.Tensor | None = None,
         segments: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given.
 
@@ -74,7 +75,10 @@ class Transformer(nn.Module):
         needs after a prefill; logits_at (B,) for one position of each row (B, 1, vocab_size),
         as scoring right-padded rows needs. segments (B, T) numbers the documents packed in each
         row: attention and positions then stay inside each document, so every one computes as
-        if it were alone (fine-tuning on packed conversations).
+        if it were alone (packed pretraining and conversations; with RoPE, restarting positions
+        changes nothing, since attention inside a document sees only relative offsets).
+        With targets (B, T) it returns their mean cross-entropy (-100: no loss) instead, from the
+        head and loss fused chunk by chunk, so the (B·T, vocab) logits never exist at once.
         """
         b, t = ids.shape
         start = 0 if kv_cache is None else kv_cache.pos  # an int, or per-row LongTensor (B,)
@@ -100,6 +104,11 @@ class Transformer(nn.Module):
             h = h[torch.arange(b, device=h.device), logits_at][:, None]
         elif last_only:
             h = h[:, -1:]
+        if targets is not None:
+            from lmforge.kernels.linear_cross_entropy import linear_cross_entropy
+
+            h = self.norm(h).flatten(0, 1)
+            return linear_cross_entropy(h, self.output.weight, targets.flatten())
         logits = self.output(self.norm(h))
         if kv_cache is not None:
             kv_cache.advance(t)  # only now: every layer wrote its K/V at the same position

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.tokens import WindowSampler, load_tokens
+from lmforge.tokens import WindowSampler, load_doc_starts, load_tokens
 from lmforge.tokens.loader import DataSource, TokenLoader
 from lmforge.train.config import LOADERS
 
@@ -31,9 +31,11 @@ class RandomBatches:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        segments: bool = False,
     ) -> None:
         tokens = load_tokens(shard_dir, "train")
-        self.sampler = WindowSampler(tokens, batch_size, seq_len, seed)
+        doc_starts = load_doc_starts(shard_dir, "train") if segments else None
+        self.sampler = WindowSampler(tokens, batch_size, seq_len, seed, doc_starts)
         rows = batch_size // world_size
         self.rows = slice(rank * rows, (rank + 1) * rows)
 
@@ -62,6 +64,7 @@ class SequentialBatches:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        segments: bool = False,
     ) -> None:
         self.loader = TokenLoader(
             [DataSource(shard_dir, "train")],
@@ -70,6 +73,7 @@ class SequentialBatches:
             seed,
             rank=rank,
             world_size=world_size,
+            segments=segments,
         )
 
     def next(self, step: int, micro_step: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -101,12 +105,14 @@ def make_batches(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
+    segments: bool = False,
 ) -> Batches:
-    """This data-parallel `rank`'s share of every global batch of `batch_size` rows."""
+    """This data-parallel `rank`'s share of every global batch of `batch_size` rows; with
+    `segments`, each batch also carries its rows' document numbers (train.document_mask)."""
     if kind not in LOADERS:
         raise LmforgeError(f"unknown train.loader {kind!r}: choose one of {', '.join(LOADERS)}")
     cls = RandomBatches if kind == "random" else SequentialBatches
-    return cls(shard_dir, batch_size, seq_len, seed, rank, world_size)
+    return cls(shard_dir, batch_size, seq_len, seed, rank, world_size, segments)
 
 
 def _check_kind(state: dict, kind: str) -> None:

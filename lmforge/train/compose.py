@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.device.capability import cpu_capability, use_compile
+from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.train.master import ComputeCopy, needs_copy
 from lmforge.train.memory import apply_activation_checkpointing
@@ -33,6 +34,14 @@ if TYPE_CHECKING:
     from lmforge.parallel.world import World
 
 
+@dataclass(frozen=True)
+class Objective:
+    """How the loss is computed: with the head fused into the cross-entropy (no full logits)
+    or from the logits."""
+
+    fused_loss: bool = False
+
+
 @dataclass
 class Composed:
     master: Transformer  # fp32 weights: what the optimizer steps and checkpoints save
@@ -41,6 +50,7 @@ class Composed:
     copy: ComputeCopy | None = None
     world: World | None = None  # set when training on many processes
     evaluator: nn.Module | None = None  # what evaluation runs, if not `compute`
+    objective: Objective = field(default_factory=Objective)
 
     def loss(
         self, x: torch.Tensor, y: torch.Tensor, segments: torch.Tensor | None = None
@@ -51,8 +61,11 @@ class Composed:
         Under tensor parallelism the logits are vocabulary shards and this runs inside
         `micro_step`, which computes the loss on the shards; the result is a plain tensor.
         """
+        kwargs = {} if segments is None else {"segments": segments}
         with self.precision.autocast():
-            logits = self.compute(x) if segments is None else self.compute(x, segments=segments)
+            if self.objective.fused_loss:
+                return self.compute(x, targets=y, **kwargs)
+            logits = self.compute(x, **kwargs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
         return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
 
@@ -81,8 +94,15 @@ def compose(
     compile: bool = False,
     world: World | None = None,
     parallel: ParallelOptions | None = None,
+    objective: Objective | None = None,
 ) -> Composed:
     """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`)."""
+    objective = objective or Objective()
+    if objective.fused_loss and world is not None and world.layout.tp > 1:
+        raise LmforgeError(
+            "train.fused_loss needs the whole vocabulary on each rank: "
+            "turn it off under tensor parallelism (tp > 1)"
+        )
     compile = use_compile(compile, device)
     if device.type == "cpu":
         keep_freed_memory()
@@ -98,7 +118,7 @@ def compose(
             lambda blocks: _prepare_blocks(blocks, activation_checkpointing, compile),
         )
         evaluator = FullLogits(compute) if world.layout.tp > 1 else None
-        return Composed(model, compute, precision, world=world, evaluator=evaluator)
+        return Composed(model, compute, precision, None, world, evaluator, objective)
     copy = None
     inner: nn.Module = model
     if needs_copy(model, device, precision.module_dtype):
@@ -106,7 +126,7 @@ def compose(
         inner = copy.module
     compute = precision.wrap(inner)
     _prepare_blocks(inner, activation_checkpointing, compile)
-    return Composed(model, compute, precision, copy)
+    return Composed(model, compute, precision, copy, objective=objective)
 
 
 def _prepare_blocks(model: nn.Module, activation_checkpointing: str, compile: bool) -> None:

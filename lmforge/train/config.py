@@ -49,6 +49,8 @@ class TrainConfig:
     offload_optimizer: bool = False  # optimizer state and master weights on the CPU
     max_bad_steps: int = 25  # stop after this many non-finite steps in a row
     loader: str = "random"  # random | sequential
+    document_mask: bool = False  # attention stays inside each packed document
+    fused_loss: bool = False  # head and cross-entropy fused per chunk: no full logits in memory
     parallel: str = ""  # under torchrun, e.g. "dp=2,tp=2" or "fsdp=4"; the rest of the world is dp
     ddp_bucket_mb: float = 25.0  # DDP: gradients all-reduced in buckets this big during backward
     zero1: bool = False  # DDP: shard the optimizer state over the dp ranks (ZeRO-1)

@@ -61,7 +61,14 @@ class TokenShards:
 
     def batches(self, cfg: TrainConfig, rank: int, world_size: int) -> Batches:
         return make_batches(
-            cfg.loader, self.shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed, rank, world_size
+            cfg.loader,
+            self.shard_dir,
+            cfg.batch_size,
+            cfg.seq_len,
+            cfg.seed,
+            rank,
+            world_size,
+            segments=cfg.document_mask,
         )
 
     def validation_batches(self, cfg: TrainConfig) -> int:

@@ -40,7 +40,7 @@ from lmforge.train.bpb import EvalResult
 from lmforge.train.budget import StepClock, refit, steps_in_budget
 from lmforge.train.checkpoint import load_model_weights, load_training_state, save_checkpoint
 from lmforge.train.checkpoint_dir import is_distributed, list_checkpoints
-from lmforge.train.compose import compose
+from lmforge.train.compose import Objective, compose
 from lmforge.train.config import TrainConfig
 from lmforge.train.data import TrainingData, as_training_data
 from lmforge.train.guard import NonFiniteGuard
@@ -179,9 +179,11 @@ def _train(
     options = ParallelOptions(
         cfg.ddp_bucket_mb, cfg.zero1, cfg.reshard_after_forward, cfg.sequence_parallel
     )
+    objective = Objective(cfg.fused_loss)
     composed = compose(
-        model, precision, device, cfg.activation_checkpointing, cfg.compile, world, options
-    )
+        model, precision, device, cfg.activation_checkpointing, cfg.compile, world, options,
+        objective,
+    )  # fmt: skip
     betas = (cfg.beta1, cfg.beta2)
     choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum)
     if world is None:
