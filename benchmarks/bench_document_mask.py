@@ -72,7 +72,7 @@ def main() -> None:
         tokens = statistics.median(values) * BATCH * SEQ
         rows.append({"side": name, "tokens_per_s": round(tokens, 1), "ratio": tokens / causal})
         print(f"{name:<10} {tokens:>9.0f} {tokens / causal:>9.2f}x")
-    worst = min(r["ratio"] for r in rows)
+    worst = min(r["ratio"] for r in rows if r["side"] != "causal")
     print(
         f"target: masked >= 0.85x causal; worst {worst:.2f}x: "
         f"{'met' if worst >= 0.85 else 'NOT met'}"
