@@ -36,6 +36,8 @@ def test_the_kernel_is_chosen_by_rows_compilation_and_scheme() -> None:
     assert kernel_for("int8", 3, True, x.bfloat16()) == "int8pack"
     assert kernel_for("int8", 1, False, x.bfloat16()) == "int8pack"
     assert kernel_for("int8", 4, False, x) == "dequantize"
+    assert kernel_for("int8", 8, True, x) == "streamed"  # fp32 int8 streams up to 8 rows
+    assert kernel_for("int8", 9, True, x) == kernel_for("int4", 3, True, x) == "dequantize"
 
 
 def test_int8_packed_kernel_with_bf16_activations() -> None:
@@ -48,7 +50,7 @@ def test_int8_packed_kernel_with_bf16_activations() -> None:
 
 def test_compiled_decode_streams_the_codes_and_equals_the_reference() -> None:
     torch._dynamo.reset()
-    for (scheme, group_size), rows in ((("int8", None), 2), (("int4", 64), 1)):
+    for (scheme, group_size), rows in ((("int8", None), 2), (("int8", None), 8), (("int4", 64), 1)):
         module, w = linear(scheme, group_size, out=33)
         x = torch.randn(rows, 1, 256)
         close(torch.compile(module, fullgraph=True)(x), F.linear(x, w))
