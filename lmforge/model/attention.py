@@ -1,4 +1,11 @@
-"""Causal self-attention with grouped-query heads, RoPE and an optional KV cache."""
+"""Causal self-attention with grouped-query heads, RoPE and an optional KV cache.
+
+Packed documents (segment ids) attend only inside themselves through `document_attention`, the
+one place that picks that kernel: SDPA with an explicit (B, 1, T, T) mask for short rows, and
+from DOCUMENT_FA2_MIN_SEQ tokens on the tiled FlashAttention-2 of kernels/flash_attention.py,
+whose memory grows with T rather than T². flex_attention is not used: on a CPU it has no
+backward in torch 2.13 ("FlexAttention does not support backward on CPU").
+"""
 
 from __future__ import annotations
 
@@ -15,24 +22,44 @@ if TYPE_CHECKING:
     from lmforge.model.cache import Cache
 
 
+# From this many tokens on, a row's (T, T) mask and SDPA's masked path hold more memory than
+# the tiled kernel's extra time is worth (benchmarks/bench_attention.py measures both).
+DOCUMENT_FA2_MIN_SEQ = 2048
+
+
+def document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor
+) -> torch.Tensor:
+    """Causal attention of q, k, v (B, H or H_kv, T, D) inside each document of `segments`
+    (B, T), the document number of each position."""
+    if q.shape[-2] >= DOCUMENT_FA2_MIN_SEQ:
+        from lmforge.kernels.flash_attention import flash_attention
+
+        return flash_attention(q, k, v, is_causal=True, segment_ids=segments)
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=document_mask(segments), enable_gqa=gqa
+    )
+
+
 def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     start: int | torch.Tensor = 0,
-    documents: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of T queries at positions start.. over keys at positions 0 .. start+T-1.
 
     q is (B, H, T, D); k, v are (B, H_kv, start+T, D) with H_kv dividing H. A LongTensor start
     (B,) gives each row its own position; keys past a row's own are then masked out.
-    `documents` (B, 1, T, T), a boolean mask from `document_mask`, replaces the causal mask of
-    rows that pack several documents.
+    `segments` (B, T) numbers the documents packed in each row; each then attends only to
+    itself (`document_attention`).
     """
+    if segments is not None:
+        return document_attention(q, k, v, segments)
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
-    if documents is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=documents, enable_gqa=gqa)
     mask = None
     if isinstance(start, torch.Tensor):
         last = start[:, None, None, None] + torch.arange(t, device=q.device)[:, None]
@@ -105,7 +132,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: Cache | None = None,
-        documents: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads
@@ -117,5 +144,5 @@ class Attention(nn.Module):
         if kv_cache is not None:
             start = kv_cache.pos
             k, v = kv_cache.update(self.layer_idx, k, v)
-        y = causal_attention(q, k, v, start, documents)
+        y = causal_attention(q, k, v, start, segments)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.model.attention import Attention, document_mask, segment_positions
+from lmforge.model.attention import Attention, segment_positions
 from lmforge.model.config import ModelConfig
 from lmforge.model.layers import Embedding, Linear, RMSNorm, SwiGLU
 from lmforge.model.moe import MoE
@@ -39,9 +39,9 @@ class Block(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: Cache | None = None,
-        documents: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, documents)
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, segments)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -90,16 +90,14 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.check_fits(b, t)
         h = self.tok_embeddings(ids)
-        documents = None
         if segments is None:
             cos, sin = self.rope(start, t)
         elif kv_cache is not None:
             raise LmforgeError("packed documents (segments) are for training: pass no kv_cache")
         else:
             cos, sin = self.rope.at(segment_positions(segments))
-            documents = document_mask(segments)
         for layer in self.layers:
-            h = layer(h, cos, sin, kv_cache, documents)
+            h = layer(h, cos, sin, kv_cache, segments)
         if logits_at is not None:
             h = h[torch.arange(b, device=h.device), logits_at][:, None]
         elif last_only:

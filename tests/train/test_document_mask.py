@@ -3,6 +3,7 @@
 import numpy as np
 import torch
 
+import lmforge.model.attention as attention
 from lmforge.cli import main
 from lmforge.model import ModelConfig, Transformer
 from lmforge.tokens import WindowSampler, load_doc_starts, load_tokens
@@ -69,3 +70,19 @@ def test_training_with_document_masking_from_the_cli(prepared, tmp_path):
     assert [r["step"] for r in logs] == [2, 4]
     assert all(np.isfinite(r["loss"]) for r in logs)
     assert "document_mask = true" in (tmp_path / "config.toml").read_text()
+
+
+def test_the_tiled_kernel_gives_the_masked_sdpa_result(monkeypatch):
+    torch.manual_seed(0)
+    model = Transformer(MODEL)
+    ids = torch.randint(0, 64, (2, 24))
+    segments = torch.tensor([[0] * 5 + [1] * 9 + [2] * 10, [0] * 11 + [1] * 13])
+    results = []
+    for min_seq in (10**9, 8):  # SDPA with the explicit mask, then FlashAttention-2
+        monkeypatch.setattr(attention, "DOCUMENT_FA2_MIN_SEQ", min_seq)
+        model.zero_grad()
+        logits = model(ids, segments=segments)
+        logits.square().mean().backward()
+        results.append((logits.detach(), model.layers[0].attn.q_proj.weight.grad.clone()))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
