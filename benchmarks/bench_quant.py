@@ -148,15 +148,23 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", choices=sorted(MODELS))
     parser.add_argument("--checkpoint", help="a run or checkpoint for the Δbpb table")
+    parser.add_argument(
+        "--quality-only", action="store_true", help="only the Δbpb table (keeps saved speeds)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__}
     out["speed"] = {}
+    if args.quality_only:
+        if not args.checkpoint:
+            parser.error("--quality-only needs --checkpoint")
+        saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        out.update({k: v for k, v in saved.items() if k != "quality"})
     print(
         "| model | weights | resident MB | decode b1 tok/s | ×fp32 | planned ×fp32 "
         "| decode b8 tok/s | ×fp32 |"
     )
-    for name in [args.only] if args.only else list(MODELS):
+    for name in [] if args.quality_only else [args.only] if args.only else list(MODELS):
         out["speed"][name] = r = bench_speed(name, args.reps)
         for label, m in r.items():
             print(
@@ -165,7 +173,7 @@ def main() -> None:
                 f"{m['decode_b8']:.1f} | "
                 f"{m['ratio_b8']:.2f} |"
             )
-    if "large" in out["speed"]:
+    if "large" in out["speed"] and not args.quality_only:
         large = out["speed"]["large"]
         out["targets"] = {}
         for (label, key), target in TARGETS.items():
