@@ -16,7 +16,7 @@ from lmforge.cli import build_parser, main
 # Scripts rely on these spellings; change them only on purpose.
 SURFACE = {
     "doctor": {"--json"},
-    "export": {"--checkpoint", "--format", "--out"},
+    "export": {"--checkpoint", "--format", "--out", "--type"},
     "import": {"--from", "--out"},
     "quantize": {
         "--checkpoint",

@@ -188,6 +188,8 @@ def _block(size: int) -> int:
 
 def _queries(shape: _Shape, x: torch.Tensor, scale: float) -> torch.Tensor:
     """(..., heads_q, seq_q, e) as a contiguous (N, seq_q, G, e) in the compute dtype, * scale."""
+    if shape.group == 1 and scale == 1.0 and x.dtype == shape.dtype and x.is_contiguous():
+        return x.view(shape.n, shape.seq_q, 1, x.shape[-1])  # already laid out: no copy
     x = x.reshape(*shape.lead, shape.heads_kv, shape.group, shape.seq_q, x.shape[-1])
     out = torch.empty(
         (shape.n, shape.seq_q, shape.group, x.shape[-1]), dtype=shape.dtype, device=x.device
@@ -287,9 +289,6 @@ class _Masks:
         if blocked is not None:
             view.masked_fill_(blocked, -math.inf)
 
-    def needs_masking(self) -> bool:
-        return self.mask is not None
-
 
 def _user_mask(shape: _Shape, mask: torch.Tensor | None) -> torch.Tensor | None:
     """The mask as a view shaped (*lead', heads_kv', seq_q, G', seq_k), primes 1 or full."""
@@ -370,7 +369,7 @@ def _forward(shape: _Shape, masks: _Masks, q, k, v):
                 continue
             k1 = min(k0 + masks.block_k, shape.seq_k)
             s = torch.bmm(qt, k[:, k0:k1].transpose(1, 2))
-            if plan != _FULL or masks.needs_masking():
+            if plan != _FULL or masks.mask is not None:
                 masks.apply(s, plan, q0, q1, k0, k1)
             new_max = torch.maximum(row_max, s.amax(-1))
             # rows that have seen only masked keys keep max -inf: shift them by 0 instead
@@ -407,7 +406,7 @@ def _backward(shape: _Shape, masks: _Masks, scale: float, q, k, v, out, dout, ls
             qt = q[:, q0:q1].reshape(n, rows, shape.d)
             dot = dout[:, q0:q1].reshape(n, rows, shape.d_v)
             s = torch.bmm(qt, kt.transpose(1, 2))
-            if plan != _FULL or masks.needs_masking():
+            if plan != _FULL or masks.mask is not None:
                 masks.apply(s, plan, q0, q1, k0, k1)
             p = s.sub_(lse[:, q0:q1].reshape(n, rows, 1)).exp_()
             dvt.baddbmm_(p.transpose(1, 2), dot)
