@@ -19,4 +19,3 @@ def test_the_kernel_benchmark_runs_on_cpu_in_quick_mode():
     written = run.stdout.strip().splitlines()[-1].removeprefix("wrote ").strip()
     result = json.loads(Path(written).read_text())
     assert result["quick"] is True and "threads" in result  # the CPU side ran
-
