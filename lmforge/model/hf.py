@@ -1,8 +1,12 @@
-"""Hugging Face interoperability: lmforge models as `LlamaForCausalLM` folders, and back.
+"""Hugging Face interoperability: lmforge models as `LlamaForCausalLM` folders, and back;
+mixtures of experts as `MixtralForCausalLM` folders.
 
 The architectures are the same (RMSNorm pre-norm, RoPE in the rotate_half layout, SwiGLU, no
 biases, grouped-query attention, optional tied head), so conversion is a renaming of tensors
-plus a translation of config fields; no weight is permuted. A folder holds config.json,
+plus a translation of config fields; no weight is permuted. A mixture's stacked experts are
+split into Mixtral's `block_sparse_moe.experts.N.{w1,w3,w2}` (gate, up, down) and stacked back
+on import; Mixtral's router (softmax, top-k, renormalised, dropless) is lmforge's default, and
+options it cannot express are refused at export. A folder holds config.json,
 generation_config.json, model.safetensors and the tokenizer as `tokenizers`/`transformers` read
 it. Its tokenizer prepends `<|endoftext|>` as the beginning-of-sequence token, because every
 lmforge document and prompt starts after one. Reading never runs code: JSON and safetensors only.
@@ -16,7 +20,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +58,14 @@ TOP_KEYS = {
 }
 _FROM_LAYER = {hf: ours for ours, hf in LAYER_KEYS.items()}
 _FROM_TOP = {hf: ours for ours, hf in TOP_KEYS.items()}
+# A mixture's block (Mixtral): the router, and per expert N its three projections.
+MOE_KEYS = {"mlp.router.weight": "block_sparse_moe.gate.weight"}
+EXPERT_KEYS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+_FROM_MOE = {hf: ours for ours, hf in MOE_KEYS.items()}
+_FROM_EXPERT = {hf: ours for ours, hf in EXPERT_KEYS.items()}
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_HF_EXPERT = re.compile(r"block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight")
+_STACKED = re.compile(r"layers\.(\d+)\.mlp\.experts\.(gate_proj|up_proj|down_proj)")
 _IGNORED = re.compile(r".*\.rotary_emb\.inv_freq")  # a buffer some older exports saved
 
 # Config fields that must hold these values, since lmforge implements only that variant.
@@ -75,11 +86,24 @@ UNSUPPORTED = (
 )
 
 
+# The moe_ options Mixtral cannot express: (field, the value Mixtral has, why).
+_MIXTRAL_ONLY = (
+    ("moe_router", "softmax", "its router is a softmax"),
+    ("moe_renormalize", True, "it renormalises the top-k weights"),
+    ("moe_capacity_factor", None, "it drops no tokens"),
+    ("moe_shared_experts", 0, "it has no shared experts"),
+    ("moe_bias_update_rate", 0.0, "it has no balance bias"),
+)
+
+
 # -- config -------------------------------------------------------------------------------
 
 
 def hf_config(model_config: ModelConfig, eot_id: int | None = None) -> dict[str, Any]:
-    """The `LlamaConfig` fields of a model; `eot_id` becomes the bos and eos token."""
+    """The `LlamaConfig` fields of a model (`MixtralConfig` of a mixture of experts); `eot_id`
+    becomes the bos and eos token."""
+    if getattr(model_config, "n_experts", 0):
+        return mixtral_config(model_config, eot_id)
     c = _dense(model_config)
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -106,6 +130,43 @@ def hf_config(model_config: ModelConfig, eot_id: int | None = None) -> dict[str,
     }
 
 
+def mixtral_config(c: ModelConfig, eot_id: int | None = None) -> dict[str, Any]:
+    """The `MixtralConfig` fields of a mixture of experts, refusing what Mixtral lacks.
+
+    `router_aux_loss_coef` carries moe_aux_loss_coef as a number: transformers' loss (pooled
+    over the layers, expert fractions summing to k) is not lmforge's per-layer Switch loss.
+    The z-loss, a training-only knob with no Mixtral field, is not carried.
+    """
+    _check_mixtral(c)
+    config = hf_config(replace(c, n_experts=0, **_MOE_DEFAULTS), eot_id)
+    for field in ("attention_bias", "mlp_bias"):  # Llama's fields, not Mixtral's
+        del config[field]
+    return {
+        **config,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "intermediate_size": c.expert_ffn_dim,
+        "num_local_experts": c.n_experts,
+        "num_experts_per_tok": c.experts_per_token,
+        "router_aux_loss_coef": c.moe_aux_loss_coef,
+        "output_router_logits": False,
+        "router_jitter_noise": 0.0,
+        "sliding_window": None,
+    }
+
+
+_MOE_DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.name.startswith("moe_")}
+
+
+def _check_mixtral(c: ModelConfig) -> None:
+    for field, value, why in _MIXTRAL_ONLY:
+        if getattr(c, field) != value:
+            raise LmforgeError(
+                f"model.{field}={getattr(c, field)!r} has no MixtralForCausalLM equivalent "
+                f"({why}); export a model trained with {field}={value!r}"
+            )
+
+
 def _dense(config: ModelConfig) -> ModelConfig:
     if getattr(config, "n_experts", 0):
         raise LmforgeError(
@@ -117,6 +178,8 @@ def _dense(config: ModelConfig) -> ModelConfig:
 
 def config_from_hf(hf: dict[str, Any], origin: str = "config.json") -> ModelConfig:
     """The ModelConfig of a Hugging Face config, refusing variants lmforge does not implement."""
+    if hf.get("model_type") == "mixtral":
+        return _config_from_mixtral(hf, origin)
     for field, value in REQUIRED.items():
         if hf.get(field, value) != value:
             raise LmforgeError(
@@ -166,25 +229,66 @@ def config_from_hf(hf: dict[str, Any], origin: str = "config.json") -> ModelConf
     return config
 
 
+def _config_from_mixtral(hf: dict[str, Any], origin: str) -> ModelConfig:
+    """A Mixtral config: its attention and shape as Llama's, then the mixture's fields."""
+    for field in ("rope_scaling", "sliding_window", "router_jitter_noise"):
+        if hf.get(field):
+            raise LmforgeError(
+                f"{origin} sets {field}; lmforge imports Mixtral models with default RoPE, full "
+                "attention and no router jitter: pick a model without it"
+            )
+    moe = ("num_local_experts", "num_experts", "num_experts_per_tok", "router_aux_loss_coef")
+    dense = {k: v for k, v in hf.items() if k not in moe}
+    config = config_from_hf({**dense, "model_type": "llama"}, origin)
+    try:
+        config.n_experts = int(hf.get("num_local_experts") or hf["num_experts"])
+        config.experts_per_token = int(hf.get("num_experts_per_tok", 2))
+        config.moe_aux_loss_coef = float(hf.get("router_aux_loss_coef") or 0.0)
+    except KeyError:
+        raise LmforgeError(
+            f"{origin} is a Mixtral config without num_local_experts; fix the file"
+        ) from None
+    except (TypeError, ValueError) as e:
+        raise LmforgeError(f"{origin} has a field of the wrong type ({e}); fix the file") from e
+    config.validate()
+    return config
+
+
 # -- weights ------------------------------------------------------------------------------
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """The model's weights under Hugging Face names; a tied head is left out, as HF does."""
-    _dense(model.config)
+    """The model's weights under Hugging Face names; a tied head is left out, as HF does.
+
+    A mixture's stacked experts become one tensor per expert (copies: safetensors refuses
+    tensors that share memory)."""
+    if model.config.n_experts:
+        _check_mixtral(model.config)
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "output.weight" and model.config.tie_embeddings:
+            continue
+        stacked = _STACKED.fullmatch(name)
+        if stacked:
+            for n, t in enumerate(tensor.detach()):
+                state[_hf_name(f"layers.{stacked[1]}.mlp.experts.{n}.{stacked[2]}.weight")] = (
+                    t.clone()
+                )
             continue
         state[_hf_name(name)] = tensor.detach().contiguous()
     return state
 
 
 def from_hf_state_dict(state: dict[str, torch.Tensor], model_config: ModelConfig) -> Transformer:
-    """A float32 Transformer holding the weights of a Hugging Face Llama state dict."""
+    """A float32 Transformer holding the weights of a Hugging Face Llama (or Mixtral) state dict.
+
+    Mixtral's experts arrive one tensor per expert, under the names of lmforge's old ModuleList
+    layout, which the experts' load pre-hook stacks.
+    """
     with torch.device("meta"):  # shapes only: the weights come from `state`, not a random init
         model = Transformer(model_config)
-    expected = model.state_dict()
+    expected = _per_expert(model.state_dict())
+    family = "Mixtral" if model_config.n_experts else "Llama"
     ours = {}
     for name, tensor in state.items():
         if _IGNORED.fullmatch(name):
@@ -192,8 +296,8 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], model_config: ModelConfig
         key = _lmforge_name(name)
         if key is None or key not in expected:
             raise LmforgeError(
-                f"unexpected tensor {name!r} for a {model_config.n_layers}-layer Llama model "
-                "without biases; lmforge imports plain LlamaForCausalLM weights only"
+                f"unexpected tensor {name!r} for a {model_config.n_layers}-layer {family} model "
+                f"without biases; lmforge imports plain {family}ForCausalLM weights only"
             )
         if tensor.shape != expected[key].shape:
             raise LmforgeError(
@@ -221,10 +325,26 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], model_config: ModelConfig
     return model
 
 
+def _per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with each stacked expert tensor (E, …) split into E named tensors."""
+    out = {}
+    for name, tensor in state.items():
+        stacked = _STACKED.fullmatch(name)
+        if stacked is None:
+            out[name] = tensor
+            continue
+        for n, t in enumerate(tensor):
+            out[f"layers.{stacked[1]}.mlp.experts.{n}.{stacked[2]}.weight"] = t
+    return out
+
+
 def _hf_name(name: str) -> str:
     if name.startswith("layers."):
         _, index, rest = name.split(".", 2)
-        return f"model.layers.{index}.{LAYER_KEYS[rest]}"
+        if rest.startswith("mlp.experts."):  # mlp.experts.N.proj.weight
+            _, _, n, proj, _ = rest.split(".")
+            return f"model.layers.{index}.block_sparse_moe.experts.{n}.{EXPERT_KEYS[proj]}.weight"
+        return f"model.layers.{index}.{LAYER_KEYS.get(rest) or MOE_KEYS[rest]}"
     return TOP_KEYS[name]
 
 
@@ -232,7 +352,10 @@ def _lmforge_name(name: str) -> str | None:
     match = _HF_LAYER.fullmatch(name)
     if match is None:
         return _FROM_TOP.get(name)
-    rest = _FROM_LAYER.get(match[2])
+    expert = _HF_EXPERT.fullmatch(match[2])
+    if expert is not None:
+        return f"layers.{match[1]}.mlp.experts.{expert[1]}.{_FROM_EXPERT[expert[2]]}.weight"
+    rest = _FROM_LAYER.get(match[2]) or _FROM_MOE.get(match[2])
     return None if rest is None else f"layers.{match[1]}.{rest}"
 
 
@@ -301,7 +424,8 @@ def _read_tokenizer(folder: Path) -> Tokenizer:
 
 
 def export_hf(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path) -> Path:
-    """Write a `LlamaForCausalLM` folder (weights in their own dtype) that transformers loads."""
+    """Write a `LlamaForCausalLM` folder (`MixtralForCausalLM` for a mixture of experts), weights
+    in their own dtype, that transformers loads."""
     if tokenizer.vocab_size > model.config.vocab_size:
         raise LmforgeError(
             f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
@@ -325,7 +449,7 @@ def export_hf(model: Transformer, tokenizer: Tokenizer, out_dir: str | Path) -> 
 
 
 def import_hf(path: str | Path) -> tuple[Transformer, Tokenizer]:
-    """The model (float32, eval mode) and tokenizer of a Hugging Face Llama folder."""
+    """The model (float32, eval mode) and tokenizer of a Hugging Face Llama or Mixtral folder."""
     folder = Path(path)
     if not folder.is_dir():
         raise LmforgeError(

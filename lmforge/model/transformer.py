@@ -27,9 +27,7 @@ class Block(nn.Module):
         self.attn = Attention(config.d_model, config.n_heads, config.kv_heads, layer_idx)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         if config.n_experts:
-            self.mlp = MoE(
-                config.d_model, config.ffn_dim, config.n_experts, config.experts_per_token
-            )
+            self.mlp = MoE.from_config(config)
         else:
             self.mlp = SwiGLU(config.d_model, config.ffn_dim)
 
@@ -128,6 +126,6 @@ class Transformer(nn.Module):
         c = self.config
         n = self.num_params(exclude_embeddings=True)
         if c.n_experts:
-            idle_expert = 3 * c.d_model * c.ffn_dim
+            idle_expert = 3 * c.d_model * c.expert_ffn_dim
             n -= c.n_layers * (c.n_experts - c.experts_per_token) * idle_expert
         return 6.0 * n + 12.0 * c.n_layers * c.d_model * seq_len

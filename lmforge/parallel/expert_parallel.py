@@ -88,7 +88,8 @@ class ExpertParallel(nn.Module):
         in_splits = counts.view(self.size, local).sum(1).tolist()
         out_splits = received.view(self.size, local).sum(1).tolist()
         rows = all_to_all(x_sorted, out_splits, in_splits, self.group)
-        expert_of_row = torch.arange(local).repeat(self.size).repeat_interleave(received)
+        expert_of_row = torch.arange(local, device=received.device).repeat(self.size)
+        expert_of_row = expert_of_row.repeat_interleave(received)
         order = expert_of_row.argsort(stable=True)
         y = self.experts(rows[order], received.view(self.size, local).sum(0).tolist())
         y = y[order.argsort()]

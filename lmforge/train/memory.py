@@ -37,6 +37,7 @@ SAVED_OPS = {  # kept by selective checkpointing: expensive to recompute
     _aten.mm.default,
     _aten.addmm.default,
     _aten.bmm.default,
+    _aten._grouped_mm.default,
     _aten._scaled_mm.default,
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,

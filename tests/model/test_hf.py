@@ -8,7 +8,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # set before transformers is imported: no ne
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+)
 
 import lmforge
 from lmforge.cli import main
@@ -273,8 +279,8 @@ def test_bad_inputs_are_clear_errors(tokenizer, tmp_path, capsys):
     (tmp_path / "pickled" / "tokenizer.json").write_text(json.dumps(to_json(tokenizer)))
     with pytest.raises(LmforgeError, match="pytorch_model.bin, which loads through pickle"):
         import_hf(tmp_path / "pickled")
-    with pytest.raises(LmforgeError, match="mixture of 4 experts"):
-        export_hf(_model(n_experts=4), tokenizer, tmp_path / "moe")
+    with pytest.raises(LmforgeError, match="moe_router='sigmoid' has no MixtralForCausalLM"):
+        export_hf(_model(n_experts=4, moe_router="sigmoid"), tokenizer, tmp_path / "moe")
     with pytest.raises(LmforgeError, match=f"tokenizer has {tokenizer.vocab_size} ids"):
         export_hf(_model(vocab_size=300), tokenizer, tmp_path / "small")
     assert not (tmp_path / "moe").exists() and not (tmp_path / "small").exists()
@@ -287,3 +293,118 @@ def test_state_dict_names_are_transformers_own(tokenizer):
     theirs = hf.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(ours[k].shape == theirs[k].shape for k in ours)
+
+
+# -- Mixtral ------------------------------------------------------------------------------
+
+MIXTRAL = dict(n_kv_heads=2, n_experts=4, experts_per_token=2, d_ff=96, moe_aux_loss_coef=0.02)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tokenizer, tmp_path_factory):
+    """(lmforge mixture of experts, its export folder, transformers' Mixtral loaded from it)."""
+    torch.manual_seed(3)
+    model = _model(**MIXTRAL)
+    out = export_hf(model, tokenizer, tmp_path_factory.mktemp("mixtral") / "hf")
+    hf = MixtralForCausalLM.from_pretrained(out, dtype=torch.float32, local_files_only=True)
+    return model, out, hf.eval()
+
+
+def test_a_mixture_exports_as_a_mixtral_folder(mixtral, tokenizer):
+    model, out, hf = mixtral
+    config = json.loads((out / "config.json").read_text())
+    assert config == json.loads(json.dumps(hf_config(model.config, tokenizer.eot_id)))
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["model_type"] == "mixtral"
+    assert (config["num_local_experts"], config["num_experts_per_tok"]) == (4, 2)
+    assert config["router_aux_loss_coef"] == 0.02 and config["output_router_logits"] is False
+    assert (hf.config.num_local_experts, hf.config.intermediate_size) == (4, 96)
+    weights = load_file(out / "model.safetensors")
+    experts = model.layers[1].mlp.experts
+    for proj, w in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        for n in range(4):
+            name = f"model.layers.1.block_sparse_moe.experts.{n}.{w}.weight"
+            assert torch.equal(weights[name], getattr(experts, proj)[n])
+    router = weights["model.layers.0.block_sparse_moe.gate.weight"]
+    assert torch.equal(router, model.layers[0].mlp.router.weight)
+
+
+def test_transformers_mixtral_logits_match(mixtral, tokenizer):
+    model, _, hf = mixtral
+    ids = document_ids(tokenizer, TEXT)
+    ids = torch.tensor([ids, ids[::-1]])
+    with torch.no_grad():
+        ours, theirs = model(ids), hf(ids).logits
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_mixtral_round_trip_gives_identical_tensors(mixtral, tokenizer):
+    model, out, _ = mixtral
+    again, again_tokenizer = import_hf(out)
+    assert again.config == model.config
+    assert _same_weights(again, model)
+    assert again.layers[0].mlp.experts.gate_proj.shape == (4, 96, 64)
+    assert again_tokenizer.fingerprint() == tokenizer.fingerprint()
+
+
+def test_import_of_a_mixtral_folder_transformers_wrote(tokenizer, tmp_path):
+    config = MixtralConfig(
+        vocab_size=448,
+        hidden_size=64,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
+    torch.manual_seed(4)
+    hf = MixtralForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(to_json(tokenizer)))
+    model, _ = import_hf(tmp_path)
+    c = model.config
+    assert (c.n_experts, c.experts_per_token, c.d_ff, c.n_kv_heads) == (4, 2, 48, 1)
+    assert (c.rope_theta, c.moe_aux_loss_coef) == (1e6, config.router_aux_loss_coef)
+    ids = torch.tensor([document_ids(tokenizer, TEXT)])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=0)
+    written = set(load_file(tmp_path / "model.safetensors"))
+    assert set(to_hf_state_dict(model)) == written  # the names transformers itself writes
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("moe_router", "sigmoid"),
+        ("moe_renormalize", False),
+        ("moe_capacity_factor", 1.25),
+        ("moe_shared_experts", 1),
+        ("moe_bias_update_rate", 0.001),
+    ],
+)
+def test_options_mixtral_cannot_express_are_refused(option, value, tokenizer, tmp_path):
+    model = _model(**{**MIXTRAL, option: value})
+    with pytest.raises(LmforgeError, match=f"model.{option}={value!r} has no MixtralForCausalLM"):
+        export_hf(model, tokenizer, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(sliding_window=32), "sets sliding_window"),
+        (dict(router_jitter_noise=0.1), "sets router_jitter_noise"),
+        (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+        (dict(num_local_experts=8), "has shape"),
+    ],
+)
+def test_unsupported_mixtral_configs_are_refused_by_name(changes, message, mixtral, tmp_path):
+    _, out, _ = mixtral
+    for path in out.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(LmforgeError, match=message):
+        import_hf(tmp_path)
