@@ -126,6 +126,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         dx, dw = ctx.saved_tensors
+        if grad.device.type == "cpu" and bool(grad == 1):  # elsewhere the test waits: skip it
+            # autograd takes these as the gradients without a copy once it drops the saved
+            # ones (and copies them when the graph is retained): no second dx and dW in memory
+            return dx, dw, *([None] * 8)
         dx = dx * grad.to(dx.dtype) if dx is not None else None
         dw = dw * grad.to(dw.dtype) if dw is not None else None
         return dx, dw, *([None] * 8)

@@ -44,7 +44,6 @@ _FORWARD_GPU = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
     for bm, bn, w, s in (
         (128, 64, 4, 3),
-        (128, 64, 8, 3),
         (128, 128, 8, 3),
         (64, 64, 4, 4),
         (64, 32, 4, 2),
@@ -55,7 +54,6 @@ _BACKWARD_GPU = [
     for bm, bn, w, s in (
         (64, 64, 4, 2),
         (32, 128, 8, 2),
-        (64, 128, 8, 2),
         (32, 64, 4, 3),
         (32, 32, 4, 2),
     )
