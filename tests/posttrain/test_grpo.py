@@ -151,8 +151,7 @@ def _untimed(run):
     resumed run also logged its final evaluation)."""
     rows = [m for m in read_metrics(run / "metrics.jsonl") if "reward_mean" in m]
     return [
-        {k: v for k, v in m.items() if not k.endswith("_per_s") and k != "engine_gap"}
-        for m in rows
+        {k: v for k, v in m.items() if not k.endswith("_per_s") and k != "engine_gap"} for m in rows
     ]
 
 
