@@ -290,10 +290,8 @@ class _Masks:
             view.masked_fill_(blocked, -math.inf)
 
 
-def _user_mask(shape: _Shape, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The mask as a view shaped (*lead', heads_kv', seq_q, G', seq_k), primes 1 or full."""
-    if mask is None:
-        return None
+def check_mask(mask: torch.Tensor, full: tuple[int, ...]) -> None:
+    """Refuse, in one line, a mask SDPA's attn_mask would not take for scores shaped `full`."""
     if not isinstance(mask, torch.Tensor) or not (
         mask.dtype == torch.bool or mask.is_floating_point()
     ):
@@ -304,7 +302,6 @@ def _user_mask(shape: _Shape, mask: torch.Tensor | None) -> torch.Tensor | None:
         raise LmforgeError(
             "flash_attention: the additive mask takes no gradient: pass mask.detach()"
         )
-    full = (*shape.lead, shape.heads_q, shape.seq_q, shape.seq_k)
     try:
         fits = torch.broadcast_shapes(mask.shape, full) == full
     except RuntimeError:
@@ -313,6 +310,14 @@ def _user_mask(shape: _Shape, mask: torch.Tensor | None) -> torch.Tensor | None:
         raise LmforgeError(
             f"flash_attention: mask shape {tuple(mask.shape)} does not broadcast to {full}"
         )
+
+
+def _user_mask(shape: _Shape, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask as a view shaped (*lead', heads_kv', seq_q, G', seq_k), primes 1 or full."""
+    if mask is None:
+        return None
+    full = (*shape.lead, shape.heads_q, shape.seq_q, shape.seq_k)
+    check_mask(mask, full)
     m = mask.reshape((1,) * (len(full) - mask.dim()) + tuple(mask.shape))
     m = m.expand(*m.shape[:-2], shape.seq_q, shape.seq_k)
     return _split_heads(shape, m, -3).transpose(-3, -2)

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from lmforge.errors import LmforgeError
+from lmforge.kernels.flash_attention import check_mask
 from lmforge.kernels.triton import configs, interpreting
 
 INTERPRETED = interpreting()  # as triton.jit built this module's kernels (fixed at import)
@@ -409,25 +410,8 @@ class _Problem:
     def _mask(self, mask: torch.Tensor | None, device) -> torch.Tensor | None:
         if mask is None:
             return None
-        if not isinstance(mask, torch.Tensor) or not (
-            mask.dtype == torch.bool or mask.is_floating_point()
-        ):
-            raise LmforgeError(
-                "flash_attention: mask must be a bool or float tensor (as SDPA's attn_mask)"
-            )
-        if mask.requires_grad:
-            raise LmforgeError(
-                "flash_attention: the additive mask takes no gradient: pass mask.detach()"
-            )
         full = (*self.lead, self.h, self.m, self.n)
-        try:
-            fits = torch.broadcast_shapes(mask.shape, full) == full
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise LmforgeError(
-                f"flash_attention: mask shape {tuple(mask.shape)} does not broadcast to {full}"
-            )
+        check_mask(mask, full)
         mask = mask.to(device)
         if mask.dtype == torch.bool:
             mask = mask.view(torch.uint8)
