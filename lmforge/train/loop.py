@@ -32,6 +32,7 @@ from torch import nn
 from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
+from lmforge.model.moe import moe_metrics
 from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.world import World, any_rank, distributed, from_rank_zero, mean_over_data
 from lmforge.progress import bar, bar_per_call
@@ -378,6 +379,7 @@ def _train(
                         **{k: float(v) for k, v in precision.log_fields().items()},
                         **batches.log_fields(),
                         **comm_bytes,
+                        **moe_metrics(composed.compute),
                         "threads": torch.get_num_threads(),
                     }
                     if main:

@@ -1,6 +1,9 @@
 """One optimizer step: forward and backward over the micro-batches, then unscale, clip, and
 take or skip the update, all without the host waiting for the device (with lmforge's optimizers;
-one that cannot skip on the device makes the host read the verdict, see `optim.step_unless`)."""
+one that cannot skip on the device makes the host read the verdict, see `optim.step_unless`).
+
+A mixture-of-experts model adds its balance losses (aux, z) to what backward sees, while the
+reported loss stays the language-modelling loss, and nudges its balance biases after the step."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from lmforge.model.moe import moe_losses, update_biases
 from lmforge.train.batches import Batches
 from lmforge.train.clip import clip_grad_norm
 from lmforge.train.compose import Composed
@@ -51,7 +56,8 @@ def train_step(
                 loss = model.loss(x, y, *segments)
             if measuring:
                 activation_bytes = counter.bytes
-            precision.scale_loss(loss / grad_accum_steps).backward()
+            balance = moe_losses(model.compute)
+            precision.scale_loss((loss + balance) / grad_accum_steps).backward()
         loss_sum += loss.detach()
     model.grads_to_master()
     params = [p for p in model.master.parameters() if p.grad is not None]
@@ -62,5 +68,14 @@ def train_step(
     step_unless(optimizer, bad)
     optimizer.zero_grad(set_to_none=True)
     precision.end_step(bad)
+    # The biases move with the routing counts of every data rank, on the weights the forward
+    # runs (and on the fp32 master behind a compute copy), skipped step or not.
+    reduce = _sum_over_ranks if model.world is not None else None
+    update_biases(model.compute, reduce, model.master if model.copy is not None else None)
     model.weights_to_compute()
     return StepResult(mean_loss, grad_norm, bad, activation_bytes)
+
+
+def _sum_over_ranks(counts: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(counts)
+    return counts
