@@ -113,7 +113,14 @@ def _one_query_attention(
 
 
 class Attention(nn.Module):
-    """Projects to q, k, v heads, rotates q and k, attends causally and projects back."""
+    """Projects to q, k, v heads, rotates q and k, attends causally and projects back.
+
+    `rotate` and `attend` are the functions it does that with, PyTorch's here; a kernel choice
+    (lmforge.train.kernels) replaces them on a module with ones of the same signature.
+    """
+
+    rotate = staticmethod(apply_rope)
+    attend = staticmethod(causal_attention)
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, layer_idx: int = 0) -> None:
         super().__init__()
@@ -139,10 +146,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         start = 0
         if kv_cache is not None:
             start = kv_cache.pos
             k, v = kv_cache.update(self.layer_idx, k, v)
-        y = causal_attention(q, k, v, start, segments)
+        y = self.attend(q, k, v, start, segments)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))

@@ -106,8 +106,9 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tens
 class GroupedExperts(nn.Module):
     """E SwiGLU experts with stacked weights; forward(x_sorted, counts) runs counts[e] rows on e.
 
-    Expert parallelism slices dim 0 of every parameter (`shard_experts`); the module then holds
-    E_local experts and `counts` has E_local entries. State dicts of the old ModuleList layout
+    Expert parallelism shards dim 0 of every parameter (parallel/expert_parallel.py makes them
+    DTensors); the module then computes with its E_local experts and `counts` has E_local
+    entries. State dicts of the old ModuleList layout
     (`experts.N.gate_proj.weight`) load too: a pre-hook stacks them.
     """
 
@@ -122,7 +123,11 @@ class GroupedExperts(nn.Module):
 
     @property
     def local_experts(self) -> int:
-        return self.gate_proj.shape[0]
+        return self.weights()[0].shape[0]
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """gate, up and down projections of the experts this process holds."""
+        return tuple(_local(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
 
     def reset_parameters(self) -> None:
         for w in (self.gate_proj, self.up_proj, self.down_proj):
@@ -153,18 +158,23 @@ class GroupedExperts(nn.Module):
     def _forward_grouped(self, x: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
         counts = torch.as_tensor(counts, device=x.device)
         offs = counts.cumsum(0).to(torch.int32)
-        w1, w3, w2 = (w.to(x.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        w1, w3, w2 = (w.to(x.dtype) for w in self.weights())
         x = x.contiguous()
         h = F.silu(_grouped(x, w1, offs)) * _grouped(x, w3, offs)
         return _grouped(h, w2, offs)
 
     def _forward_loop(self, x: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
         sizes = counts.tolist() if isinstance(counts, torch.Tensor) else [int(c) for c in counts]
+        w1, w3, w2 = (w.to(x.dtype) for w in self.weights())
         outs = []
         for e, rows in enumerate(x.split(sizes)):
-            h = F.silu(rows @ self.gate_proj[e].T) * (rows @ self.up_proj[e].T)
-            outs.append(h @ self.down_proj[e].T)
+            h = F.silu(rows @ w1[e].T) * (rows @ w3[e].T)
+            outs.append(h @ w2[e].T)
         return torch.cat(outs)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    return w.to_local() if hasattr(w, "to_local") else w  # an expert-parallel DTensor shard
 
 
 def _stack_module_list_names(module: GroupedExperts, state: dict, prefix: str, *_) -> None:

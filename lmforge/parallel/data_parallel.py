@@ -29,9 +29,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def apply_ddp(
-    model: nn.Module, mesh: DeviceMesh, bucket_mb: float = 25.0
+    model: nn.Module,
+    mesh: DeviceMesh,
+    bucket_mb: float = 25.0,
+    ignored: Iterable[nn.Parameter] = (),
 ) -> DistributedDataParallel:
-    """`model` replicated over the 1-D `mesh`, gradients all-reduced (averaged) in backward."""
+    """`model` replicated over the 1-D `mesh`, gradients all-reduced (averaged) in backward,
+    except the `ignored` parameters' (e.g. expert shards, synced by expert parallelism)."""
+    ignored = set(ignored)
+    if ignored:
+        names = [name for name, p in model.named_parameters() if p in ignored]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     device_ids = [torch.cuda.current_device()] if mesh.device_type == "cuda" else None
     return DistributedDataParallel(
         model, device_ids=device_ids, process_group=mesh.get_group(), bucket_cap_mb=bucket_mb
@@ -45,8 +53,10 @@ def apply_fsdp(
     units: Iterable[nn.Module] | None = None,
     param_dtype: torch.dtype | None = None,
     reshard_after_forward: bool = True,
+    ignored: Iterable[nn.Parameter] = (),
 ) -> nn.Module:
-    """Shard `model` in place and return it: each of `units`, then the root (the rest).
+    """Shard `model` in place and return it: each of `units`, then the root (the rest); the
+    `ignored` parameters (e.g. expert shards) stay as they are.
 
     `units` are the submodules that gather their parameters separately (default: the
     `model.layers` blocks when the model has them, else none: one unit, the root). `mesh` is
@@ -58,10 +68,19 @@ def apply_fsdp(
     if units is None:
         units = getattr(model, "layers", ())
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    ignored = set(ignored) or None
     for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            unit,
+            mesh=mesh,
+            mp_policy=policy,
+            reshard_after_forward=reshard_after_forward,
+            ignored_params=ignored,
+        )
     # The root's parameters are needed again at once by backward: never reshard them.
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(
+        model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, ignored_params=ignored
+    )
     return model
 
 

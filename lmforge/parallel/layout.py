@@ -1,9 +1,10 @@
-"""The `--parallel` flag: parsing "dp=2,tp=2" into a Layout (plan/layout.py, the one
-torch-free definition), and checking it against world size and model.
+"""The `--parallel` flag: parsing "dp=2,tp=2" (or "fsdp=2,ep=2") into a Layout (plan/layout.py,
+the one torch-free definition), and checking it against world size and model.
 
 Pure functions, no process group: a layout is checked before any process starts collectives,
 so a bad `--parallel` fails fast with one clear line on every rank.
-Whatever the named degrees leave of the world size goes to dp.
+Whatever the named degrees leave of the world size goes to dp; ep splits the data-parallel
+ranks (dp·fsdp) and so is not a factor of the world size.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
 from lmforge.plan.layout import DIMS, Layout
+
+NAMES = (*DIMS, "ep")  # what --parallel may name: the mesh dimensions and expert parallelism
 
 __all__ = [
     "DIMS",
@@ -41,10 +44,10 @@ def parse_layout(text: str) -> dict[str, int]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         name = name.strip()
-        if not sep or name not in DIMS or not value.strip().isdigit():
+        if not sep or name not in NAMES or not value.strip().isdigit():
             raise LmforgeError(
                 f"--parallel item {item!r} is not of the form DIM=N with DIM one of "
-                f"{', '.join(DIMS)} (e.g. --parallel fsdp=2,tp=2)"
+                f"{', '.join(NAMES)} (e.g. --parallel fsdp=2,tp=2)"
             )
         if name in degrees:
             raise LmforgeError(f"--parallel names {name} twice: give each dimension once")
@@ -57,11 +60,12 @@ def parse_layout(text: str) -> dict[str, int]:
 def resolve_layout(text: str, world_size: int) -> Layout:
     """The layout for `world_size` processes: the named degrees, the rest going to dp."""
     degrees = parse_layout(text)
+    ep = degrees.pop("ep", 1)
     named = math.prod(degrees.values())
-    if world_size == 1 and named > 1:
+    if world_size == 1 and max(named, ep) > 1:
         raise LmforgeError(
-            f"--parallel {text} needs {named} processes but the world size is 1: launch with "
-            f"torchrun --nproc-per-node {named} -m lmforge train ..."
+            f"--parallel {text} needs {max(named, ep)} processes but the world size is 1: launch "
+            f"with torchrun --nproc-per-node {max(named, ep)} -m lmforge train ..."
         )
     for name, degree in degrees.items():
         if world_size % degree:
@@ -75,13 +79,18 @@ def resolve_layout(text: str, world_size: int) -> Layout:
             "change --parallel or the number of processes"
         )
     rest = world_size // named
-    return Layout(**{**degrees, "dp": degrees.get("dp", 1) * rest})
+    return Layout(**{**degrees, "dp": degrees.get("dp", 1) * rest, "ep": ep})
 
 
 def check_model(
     layout: Layout, n_heads: int, n_kv_heads: int, ffn_dim: int, n_experts: int
 ) -> None:
-    """Refuse tensor parallelism the model's shape cannot split evenly."""
+    """Refuse tensor or expert parallelism the model's shape cannot split evenly."""
+    if layout.ep > 1 and (not n_experts or n_experts % layout.ep):
+        raise LmforgeError(
+            f"ep={layout.ep} splits a mixture of experts' experts, but the model has "
+            f"{n_experts or 'no'} experts: set model.n_experts to a multiple of ep, or drop ep"
+        )
     if layout.tp == 1:
         return
     for what, count in (("heads", n_heads), ("kv heads", n_kv_heads), ("MLP width", ffn_dim)):

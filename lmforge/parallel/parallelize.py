@@ -1,9 +1,11 @@
 """Apply a run's parallel layout to a plain Transformer, in torchtitan's fixed order.
 
-Tensor parallel first (it changes the parameters into DTensor shards), then what the caller
-does to the blocks (training: activation checkpointing and compile), then data parallelism
-last, wrapping what the others made: FSDP2 when parameters are sharded (fsdp > 1) or mixed with
-tensor parallel, DDP otherwise. It takes its own `ParallelOptions`, never the trainer's config.
+Tensor parallel first (it changes the parameters into DTensor shards), or expert parallel
+(the experts become DTensor shards over the ep ranks), then what the caller does to the blocks
+(training: activation checkpointing and compile), then data parallelism last, wrapping what the
+others made: FSDP2 when parameters are sharded (fsdp > 1) or mixed with tensor parallel, DDP
+otherwise; either leaves the experts to expert parallelism's own gradient sync. It takes its
+own `ParallelOptions`, never the trainer's config.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.model.transformer import Transformer
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp, gradient_sync
+from lmforge.parallel.expert_parallel import (
+    apply_expert_parallel,
+    expert_parameters,
+    sync_expert_gradients,
+)
 from lmforge.parallel.layout import ParallelOptions
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel
 from lmforge.parallel.world import World
@@ -33,10 +40,10 @@ def parallelize(
 
     `prepare_blocks(model)` runs after tensor parallel and before data parallel wraps it."""
     layout, mesh = world.layout, world.mesh
-    if options.zero1 and (layout.fsdp > 1 or layout.tp > 1):
+    if options.zero1 and (layout.fsdp > 1 or layout.tp > 1 or layout.ep > 1):
         raise LmforgeError(
             "train.zero1 shards the optimizer of plain data parallelism (dp) only; fsdp already "
-            "shards optimizer state: drop train.zero1 or use --parallel dp=N"
+            "shards optimizer state (and ep the experts'): drop train.zero1 or use --parallel dp=N"
         )
     if layout.tp > 1:
         if model.config.tie_embeddings:
@@ -45,6 +52,7 @@ def parallelize(
                 "model.tie_embeddings must be false with tp > 1"
             )
         apply_tensor_parallel(model, mesh["tp"], options.sequence_parallel)
+    experts = apply_expert_parallel(model, world.expert_mesh["ep"]) if layout.ep > 1 else []
     if prepare_blocks is not None:
         prepare_blocks(model)
     if layout.fsdp > 1 or (layout.dp > 1 and layout.tp > 1):
@@ -54,9 +62,10 @@ def parallelize(
             units=model.layers,
             param_dtype=param_dtype,
             reshard_after_forward=options.reshard_after_forward,
+            ignored=experts,
         )
     if layout.dp > 1:
-        return apply_ddp(model, mesh["dp"], options.bucket_mb)
+        return apply_ddp(model, mesh["dp"], options.bucket_mb, ignored=experts)
     return model
 
 
@@ -66,6 +75,9 @@ def micro_step(compute: nn.Module, world: World, last: bool) -> Iterator[None]:
     tensor parallelism the loss is computed on the vocabulary shards of the logits."""
     with gradient_sync(compute, last), _loss_parallel(world.layout.tp > 1):
         yield
+    if last and world.layout.ep > 1:
+        replicas = world.expert_mesh["edp"].get_group()
+        sync_expert_gradients(expert_parameters(compute), replicas, world.layout.data_parallel)
 
 
 def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager:

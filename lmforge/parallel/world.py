@@ -27,12 +27,15 @@ from lmforge.parallel.layout import DIMS, Layout, resolve_layout
 @dataclass
 class World:
     """Where this process stands in a run: the layout, the device mesh over every rank (dims
-    dp, fsdp, tp), this rank and the device it computes on."""
+    dp, fsdp, tp), this rank and the device it computes on; with expert parallelism also the
+    experts' mesh over the same ranks (dims edp, ep: groups of ep consecutive data ranks split
+    the experts, and the edp ranks of one ep position hold the same ones)."""
 
     layout: Layout
     mesh: DeviceMesh
     rank: int
     device: torch.device
+    expert_mesh: DeviceMesh | None = None
 
     @classmethod
     def from_group(cls, parallel: str | Layout = "", device: torch.device | None = None) -> World:
@@ -54,7 +57,7 @@ class World:
         if device is None:
             device = _default_device()
         mesh = init_device_mesh(device.type, parallel.sizes(), mesh_dim_names=DIMS)
-        return cls(parallel, mesh, dist.get_rank(), device)
+        return cls(parallel, mesh, dist.get_rank(), device, _expert_mesh(parallel, device))
 
     @property
     def is_main(self) -> bool:
@@ -72,6 +75,17 @@ class World:
         return (
             self.mesh["dp"].get_local_rank() * self.layout.fsdp + self.mesh["fsdp"].get_local_rank()
         )
+
+
+def _expert_mesh(layout: Layout, device: torch.device) -> DeviceMesh | None:
+    if layout.ep == 1:
+        return None
+    if layout.tp > 1:
+        raise LmforgeError(
+            f"--parallel {layout}: expert parallelism does not combine with tp; use dp/fsdp"
+        )
+    ranks = torch.arange(layout.world_size).view(layout.expert_data_parallel, layout.ep)
+    return DeviceMesh(device.type, ranks, mesh_dim_names=("edp", "ep"))
 
 
 def _default_device() -> torch.device:

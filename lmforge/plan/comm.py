@@ -21,6 +21,10 @@ rank, parameters in the param dtype, gradients in the grad dtype):
   reduce-scatter in backward, plus an all-gather of the gradient of the replicated embedding's
   sequence-sharded output). The loss's own per-token statistics, a few floats per token, are
   left out.
+- ep (expert parallel, within the data ranks): the all-to-alls of `ep_all_to_all_bytes` per MoE
+  block and micro-batch; dp and fsdp then move every parameter but the experts, and with more
+  data ranks than ep the edp ranks holding the same experts all-reduce their gradients once per
+  step (the experts' share of an ep rank, E/ep of them).
 
 Time uses ring costs: an all-reduce sends 2(n−1)/n of its bytes over each rank's link, an
 all-gather or reduce-scatter (n−1)/n, at the link's bandwidth times its efficiency.
@@ -29,7 +33,7 @@ all-gather or reduce-scatter (n−1)/n, at the link's bandwidth times its effici
 from __future__ import annotations
 
 from lmforge.plan.layout import Layout
-from lmforge.plan.params import norm_params, param_counts
+from lmforge.plan.params import expert_params, norm_params, param_counts
 from lmforge.plan.precision import precision_bytes
 from lmforge.plan.shapes import ModelShape
 
@@ -75,6 +79,15 @@ def comm_bytes_per_step(
     lay = layout.normalized()
     local = tp_local_params(shape, lay.tp)
     out: dict[str, int] = {}
+    if lay.ep > 1 and shape.n_experts:
+        experts = shape.n_layers * shape.n_experts * expert_params(shape)
+        local -= experts
+        out["ep.all_to_all"] = ep_all_to_all_bytes(
+            micro_batch * seq_len, shape.experts_per_token, shape.d_model, shape.n_experts,
+            shape.n_layers, a_bytes, grad_accum, activation_checkpointing,
+        )  # fmt: skip
+        if lay.expert_data_parallel > 1:
+            out["edp.all_reduce"] = experts // lay.ep * g_bytes
     if lay.fsdp > 1:
         blocks = local - root_params(shape) // lay.tp
         regathered = blocks if reshard_after_forward else 0

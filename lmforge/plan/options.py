@@ -25,16 +25,16 @@ def parse_count(text: str, flag: str) -> int:
 
 
 def parse_layout(text: str | None, gpus: int, sequence_parallel: bool = False) -> Layout:
-    """`fsdp=8,tp=8` (also dp=, zero=0..3, sp=1); None: FSDP over every GPU."""
+    """`fsdp=8,tp=8` (also dp=, ep=, zero=0..3, sp=1); None: FSDP over every GPU."""
     if text is None:
         return Layout(fsdp=gpus)
     values: dict[str, int] = {}
     for item in text.split(","):
         key, sep, raw = item.strip().partition("=")
-        if not sep or key not in ("dp", "fsdp", "tp", "zero", "sp") or not raw.isdigit():
+        if not sep or key not in ("dp", "fsdp", "tp", "ep", "zero", "sp") or not raw.isdigit():
             raise LmforgeError(
                 f"--parallel item {item.strip()!r} is not NAME=INTEGER with NAME one of dp, fsdp, "
-                "tp, zero, sp: write e.g. --parallel fsdp=8,tp=8"
+                "tp, ep, zero, sp: write e.g. --parallel fsdp=8,tp=8"
             )
         values[key] = int(raw)
     sp = bool(values.pop("sp", sequence_parallel))

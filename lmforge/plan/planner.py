@@ -15,7 +15,7 @@ from lmforge.plan.layout import Layout
 from lmforge.plan.precision import PrecisionBytes
 from lmforge.plan.shapes import ModelShape, with_kv_heads
 
-OVERLAPPED = ("fsdp", "dp")  # prefetched / bucketed behind compute; tp sits on the critical path
+OVERLAPPED = ("fsdp", "dp")  # prefetched / bucketed behind compute; tp, ep on the critical path
 
 
 @dataclass(frozen=True)
@@ -218,6 +218,9 @@ def _comm_formula(req: PlanRequest, key: str, nbytes: int) -> str:
         "fsdp.all_gather": f"(params + block params regathered in backward) · {pb.param} B · "
         f"{accum} micro-batches",
         "fsdp.reduce_scatter": f"params · {pb.grad} B · {accum} micro-batches",
+        "ep.all_to_all": f"per MoE block and micro-batch: E counts, then b·s·k rows · "
+        f"{pb.activation} B out and back, again in backward · {accum} micro-batches",
+        "edp.all_reduce": f"the experts an ep rank holds · {pb.grad} B, once per step",
     }[key]
 
 
@@ -227,8 +230,8 @@ def step_lines(req: PlanRequest) -> list[Line]:
     compute = step_flops / (req.gpus * req.peak * req.mfu)
     times = comm_times(req)
     hidden = sum(t for key, (_, t, _, _) in times.items() if key.split(".")[0] in OVERLAPPED)
-    exposed_tp = sum(t for key, (_, t, _, _) in times.items() if key.startswith("tp."))
-    exposed = max(0.0, hidden - compute) + exposed_tp
+    critical = sum(t for key, (_, t, _, _) in times.items() if key.split(".")[0] not in OVERLAPPED)
+    exposed = max(0.0, hidden - compute) + critical
     step = compute + exposed
     tokens_per_s = req.tokens_per_step / step
     achieved = step_flops / (step * req.gpus * req.peak)
@@ -239,7 +242,7 @@ def step_lines(req: PlanRequest) -> list[Line]:
         Line("overlapped_comm", "data-parallel communication", hidden, "s",
              "fsdp/dp collectives, overlapped with compute"),
         Line("exposed_comm", "communication not hidden", exposed, "s",
-             f"max(0, {hidden:.3g} − {compute:.3g}) + tp collectives {exposed_tp:.3g}"),
+             f"max(0, {hidden:.3g} − {compute:.3g}) + tp/ep collectives {critical:.3g}"),
         Line("step", "step time", step, "s", "compute + communication not hidden"),
         Line("tokens_per_s", "tokens/s", tokens_per_s, "tok/s",
              f"{req.tokens_per_step:,} / {step:.4g} s"),

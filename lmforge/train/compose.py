@@ -2,10 +2,12 @@
 
 Like torchtitan's `parallelize(model)`, everything a run changes about how the model computes
 is applied here from outside, never inside model/: first the compute copy (half precision for
-`cast_module`, the GPU copy when the optimizer is offloaded), then the precision's layers
-(fp8), then activation checkpointing per block, then `torch.compile` per block. A run on many
-processes instead hands the model to lmforge.parallel.parallelize, which applies tensor
-parallelism, checkpointing, compile and data parallelism in the same order.
+`cast_module`, the GPU copy when the optimizer is offloaded), then the kernels (`train.kernels`,
+lmforge.train.kernels), then the precision's layers (fp8), then activation checkpointing per
+block, then `torch.compile` per block. A run on many processes swaps in the kernels first (not
+under tensor parallelism, whose shards they cannot take), then hands the model to
+lmforge.parallel.parallelize, which applies tensor parallelism, checkpointing, compile and data
+parallelism in the same order.
 
 Training on a CPU also sets how the process's C allocator keeps freed memory (`keep_freed_memory`).
 """
@@ -25,6 +27,7 @@ from torch import nn
 from lmforge.device.capability import cpu_capability, use_compile
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
+from lmforge.train.kernels import apply_kernels
 from lmforge.train.master import ComputeCopy, needs_copy
 from lmforge.train.memory import apply_activation_checkpointing
 from lmforge.train.precision import Precision
@@ -51,6 +54,7 @@ class Composed:
     world: World | None = None  # set when training on many processes
     evaluator: nn.Module | None = None  # what evaluation runs, if not `compute`
     objective: Objective = field(default_factory=Objective)
+    kernels: list[str] = field(default_factory=list)  # the Triton kernels swapped in
 
     def loss(
         self, x: torch.Tensor, y: torch.Tensor, segments: torch.Tensor | None = None
@@ -95,13 +99,20 @@ def compose(
     world: World | None = None,
     parallel: ParallelOptions | None = None,
     objective: Objective | None = None,
+    kernels: str = "torch",
 ) -> Composed:
-    """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`)."""
+    """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`),
+    computing with `kernels` (train.kernels: torch or triton)."""
     objective = objective or Objective()
     if objective.fused_loss and world is not None and world.layout.tp > 1:
         raise LmforgeError(
             "train.fused_loss needs the whole vocabulary on each rank: "
             "turn it off under tensor parallelism (tp > 1)"
+        )
+    if kernels != "torch" and world is not None and world.layout.tp > 1:
+        raise LmforgeError(
+            f"train.kernels={kernels} takes whole tensors, not tensor-parallel shards: "
+            "use train.kernels=torch under tensor parallelism (tp > 1)"
         )
     compile = use_compile(compile, device)
     if device.type == "cpu":
@@ -109,6 +120,7 @@ def compose(
     if world is not None:
         from lmforge.parallel.parallelize import FullLogits, parallelize
 
+        swapped = apply_kernels(model, kernels, device, precision.dtype)
         param_dtype = precision.dtype if precision.name == "bf16" else None
         compute = parallelize(
             model,
@@ -118,15 +130,16 @@ def compose(
             lambda blocks: _prepare_blocks(blocks, activation_checkpointing, compile),
         )
         evaluator = FullLogits(compute) if world.layout.tp > 1 else None
-        return Composed(model, compute, precision, None, world, evaluator, objective)
+        return Composed(model, compute, precision, None, world, evaluator, objective, swapped)
     copy = None
     inner: nn.Module = model
     if needs_copy(model, device, precision.module_dtype):
         copy = ComputeCopy(model, device, precision.module_dtype)
         inner = copy.module
+    swapped = apply_kernels(inner, kernels, device, precision.dtype)
     compute = precision.wrap(inner)
     _prepare_blocks(inner, activation_checkpointing, compile)
-    return Composed(model, compute, precision, copy, objective=objective)
+    return Composed(model, compute, precision, copy, objective=objective, kernels=swapped)
 
 
 def _prepare_blocks(model: nn.Module, activation_checkpointing: str, compile: bool) -> None:

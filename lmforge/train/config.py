@@ -12,6 +12,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CHECKPOINTING_MODES = ("none", "full", "selective")
 LOADERS = ("random", "sequential")
 OPTIMIZERS = ("adamw", "muon")
+KERNEL_CHOICES = ("torch", "triton")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class TrainConfig:
     loader: str = "random"  # random | sequential
     document_mask: bool = False  # attention stays inside each packed document
     fused_loss: bool = False  # head and cross-entropy fused per chunk: no full logits in memory
+    kernels: str = "torch"  # torch | triton (RMSNorm, SwiGLU, RoPE, attention by Triton, on a GPU)
     parallel: str = ""  # under torchrun, e.g. "dp=2,tp=2" or "fsdp=4"; the rest of the world is dp
     ddp_bucket_mb: float = 25.0  # DDP: gradients all-reduced in buckets this big during backward
     zero1: bool = False  # DDP: shard the optimizer state over the dp ranks (ZeRO-1)
@@ -83,6 +85,7 @@ class TrainConfig:
             ("loader", LOADERS),
             ("optimizer", OPTIMIZERS),
             ("schedule", SCHEDULES),
+            ("kernels", KERNEL_CHOICES),
         ):
             if getattr(self, name) not in choices:
                 raise LmforgeError(

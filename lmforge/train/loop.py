@@ -183,7 +183,7 @@ def _train(
     objective = Objective(cfg.fused_loss)
     composed = compose(
         model, precision, device, cfg.activation_checkpointing, cfg.compile, world, options,
-        objective,
+        objective, cfg.kernels,
     )  # fmt: skip
     betas = (cfg.beta1, cfg.beta2)
     choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum)

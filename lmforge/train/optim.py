@@ -86,17 +86,26 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on 2-D weights except embeddings; none on gains and embeddings."""
-    decay, no_decay = [], []
+    """Weight decay on 2-D weights except embeddings; none on gains and embeddings.
+
+    A mixture of experts' stacked expert weights form a decayed group of their own, whatever
+    the layout: expert parallelism makes them DTensor shards beside plain tensors (one fused
+    step cannot take both), and checkpoints resume across layouts only with equal groups.
+    """
+    decay, experts, no_decay = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        is_embedding = "embed" in name
-        (decay if p.dim() >= 2 and not is_embedding else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+        if ".experts." in name:
+            experts.append(p)
+        elif p.dim() >= 2 and "embed" not in name:
+            decay.append(p)
+        else:
+            no_decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if experts:
+        groups.append({"params": experts, "weight_decay": weight_decay})
+    return [*groups, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def adamw_choice(device: torch.device, fused: bool = True) -> tuple[type, dict]:

@@ -92,12 +92,12 @@ class Launcher:
             off = difference > 1e-5 + 1e-4 * want[key].abs()
             assert off.float().mean() <= outliers and difference.max() <= bound, key
 
-    def single(self, out: Path, **overrides):
+    def single(self, out: Path, model_changes: dict | None = None, **overrides):
         from lmforge.model import ModelConfig
         from lmforge.train import TrainConfig, train
 
         cfg = TrainConfig(**{**TRAIN, **overrides})
-        return train(ModelConfig(**MODEL), cfg, self.shard_dir, out)
+        return train(ModelConfig(**{**MODEL, **(model_changes or {})}), cfg, self.shard_dir, out)
 
 
 @pytest.fixture(scope="session")

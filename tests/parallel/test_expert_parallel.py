@@ -1,4 +1,5 @@
-"""ExpertParallel on 2 gloo processes equals the unsharded experts: outputs, row and weight grads.
+"""Expert parallelism on 2 gloo processes equals the unsharded experts: outputs, row and weight
+grads.
 
 The file runs itself under torchrun once (the module fixture). Each rank routes its own rows
 (an uneven, rank-dependent number per expert, some experts empty), runs them through its half
@@ -15,32 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from lmforge.errors import LmforgeError
+from lmforge.model.moe import GroupedExperts, MoE
 from lmforge.parallel.comm_count import count_collectives
-from lmforge.parallel.expert_parallel import ExpertParallel, shard_experts
+from lmforge.parallel.expert_parallel import apply_expert_parallel
+from lmforge.parallel.layout import check_model
 from lmforge.plan.comm import ep_all_to_all_bytes
+from lmforge.plan.layout import Layout
 
 WORLD, EXPERTS, D, FF = 2, 4, 8, 12
-
-
-class StackedExperts(nn.Module):
-    """A stand-in with the MoE experts' contract: stacked SwiGLU weights, (x_sorted, counts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate_proj = nn.Parameter(torch.randn(EXPERTS, FF, D) * 0.3)
-        self.up_proj = nn.Parameter(torch.randn(EXPERTS, FF, D) * 0.3)
-        self.down_proj = nn.Parameter(torch.randn(EXPERTS, D, FF) * 0.3)
-
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        outs = []
-        for e, rows in enumerate(x.split(list(counts))):
-            h = F.silu(rows @ self.gate_proj[e].T) * (rows @ self.up_proj[e].T)
-            outs.append(h @ self.down_proj[e].T)
-        return torch.cat(outs)
 
 
 def rank_rows(rank: int) -> tuple[torch.Tensor, list[int]]:
@@ -67,6 +53,7 @@ def test_outputs_and_row_gradients_equal_the_local_experts(results):
 def test_sharded_weight_gradients_equal_the_full_gradients_over_all_ranks(results):
     for rank in results:
         assert rank["shapes"] == [[EXPERTS // WORLD, FF, D]] * 2 + [[EXPERTS // WORLD, D, FF]]
+        assert rank["global_shapes"] == [[EXPERTS, FF, D]] * 2 + [[EXPERTS, D, FF]]
         assert rank["weight_grad_error"] < 1e-5
 
 
@@ -89,19 +76,23 @@ def test_planner_ep_bytes_match_the_counted_collectives_under_uniform_routing(re
 
 
 def test_expert_count_must_divide_over_ep_ranks():
-    with pytest.raises(LmforgeError, match="does not divide"):
-        shard_experts(StackedExperts(), 0, 3)
+    with pytest.raises(LmforgeError, match="multiple of ep"):
+        check_model(Layout(dp=4, ep=4), 4, 4, 64, n_experts=6)
+    with pytest.raises(LmforgeError, match="no experts"):
+        check_model(Layout(dp=2, ep=2), 4, 4, 64, n_experts=0)
+    with pytest.raises(LmforgeError, match="divide the 2 data-parallel"):
+        Layout(dp=2, ep=4)
 
 
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    full = StackedExperts()
-    local = StackedExperts()
-    local.load_state_dict(full.state_dict())
-    shard_experts(local, rank, WORLD)
-    ep = ExpertParallel(local, EXPERTS)
+    full = GroupedExperts(EXPERTS, D, FF)
+    moe = MoE(D, FF, EXPERTS, top_k=2)
+    moe.experts.load_state_dict(full.state_dict())
+    params = apply_expert_parallel(moe, init_device_mesh("cpu", (WORLD,)))
+    ep = local = moe.experts
 
     x, counts = rank_rows(rank)
     x.requires_grad_()
@@ -120,7 +111,7 @@ def main(out: Path) -> None:
             (full(xo, co) * uo).sum().backward()
     half = slice(rank * EXPERTS // WORLD, (rank + 1) * EXPERTS // WORLD)
     weight_error = max(
-        (getattr(local, n).grad - getattr(full, n).grad[half]).abs().max().item()
+        (getattr(local, n).grad.to_local() - getattr(full, n).grad[half]).abs().max().item()
         for n in ("gate_proj", "up_proj", "down_proj")
     )
     received = sum(rank_rows(o)[1][e] for o in range(WORLD) for e in range(EXPERTS)[half])
@@ -132,7 +123,8 @@ def main(out: Path) -> None:
         "output_error": (y - y_ref).abs().max().item(),
         "row_grad_error": (x.grad - x_ref.grad).abs().max().item(),
         "weight_grad_error": weight_error,
-        "shapes": [list(p.shape) for p in local.parameters()],
+        "shapes": [list(w.shape) for w in local.weights()],
+        "global_shapes": [list(p.shape) for p in params],
         "by_op": counter.by_op,
         "received": received,
     }

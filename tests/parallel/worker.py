@@ -2,7 +2,8 @@
 
 Usage (the launcher sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
     python worker.py SPEC.json
-SPEC holds {"shard_dir", "model": {...}, "runs": [{"out", "train": {...}}, ...]}. Runs share
+SPEC holds {"shard_dir", "model": {...}, "runs": [{"out", "train": {...}}, ...]}; a run may
+carry its own "model" changes (e.g. a mixture of experts). Runs share
 one process group, so a group pays Python and torch start-up once for many strategies. A run
 that raises LmforgeError records the message in OUT/error.txt (rank 0) and the group goes on.
 A run with "die": true makes rank 1 exit abruptly after joining, to test the survivors.
@@ -42,7 +43,8 @@ def main(spec_path: str) -> None:
                         os._exit(3)
                     mean_over_data(torch.ones(()))  # the peer is gone: this must fail
                 continue
-            train(ModelConfig(**spec["model"]), cfg, spec["shard_dir"], out)
+            model = ModelConfig(**{**spec["model"], **run.get("model", {})})
+            train(model, cfg, spec["shard_dir"], out)
         except LmforgeError as e:
             if rank == 0:
                 out.mkdir(parents=True, exist_ok=True)
