@@ -43,11 +43,12 @@ def kv_bytes_per_token(shape: ModelShape, kv_bytes: float = 2) -> float:
 
 
 def experts_read(shape: ModelShape, batch: int) -> float:
-    """Expected distinct experts a batch touches per block: E·(1 − (1 − k/E)^batch)."""
+    """Expected distinct experts a batch touches per block: E·(1 − (1 − k/E)^batch), plus the
+    shared ones."""
     if not shape.n_experts:
         return 1.0
     e, k = shape.n_experts, shape.experts_per_token
-    return e * (1 - (1 - k / e) ** batch)
+    return e * (1 - (1 - k / e) ** batch) + shape.shared_experts
 
 
 def weight_bytes_read(shape: ModelShape, batch: int, weight_bytes: float) -> float:

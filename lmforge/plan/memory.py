@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from lmforge.plan.comm import root_params, tp_local_params
 from lmforge.plan.layout import Layout
+from lmforge.plan.params import expert_params
 from lmforge.plan.precision import PrecisionBytes
 from lmforge.plan.shapes import ModelShape
 
@@ -42,13 +43,18 @@ class StateBytes:
 
 
 def state_bytes(shape: ModelShape, layout: Layout, precision: PrecisionBytes) -> StateBytes:
-    """P, G and OS bytes on one device."""
+    """P, G and OS bytes on one device. Under expert parallelism the routed experts are split
+    ep ways (and replicated over the edp ranks) while the rest is sharded as the layout says."""
     local = tp_local_params(shape, layout.tp)
+    experts = 0
+    if layout.ep > 1 and shape.n_experts:
+        experts = shape.n_layers * shape.n_experts * expert_params(shape) // layout.ep
+        local -= experts * layout.ep
     shard_p, shard_g, shard_os = layout.shards()
     return StateBytes(
-        params=-(-local * precision.param // shard_p),
-        grads=-(-local * precision.grad // shard_g),
-        optimizer=-(-local * precision.optimizer // shard_os),
+        params=-(-local * precision.param // shard_p) + experts * precision.param,
+        grads=-(-local * precision.grad // shard_g) + experts * precision.grad,
+        optimizer=-(-local * precision.optimizer // shard_os) + experts * precision.optimizer,
     )
 
 

@@ -40,13 +40,13 @@ def param_counts(s: ModelShape) -> dict[str, int]:
         "embeddings": s.vocab_size * s.d_model,
         "positions": s.max_seq_len * s.d_model if s.family == "gpt2" else 0,
         "attention": s.n_layers * attention_params(s),
-        "mlp": s.n_layers * max(s.n_experts, 1) * expert_params(s),
+        "mlp": s.n_layers * s.block_experts * expert_params(s),
         "router": s.n_layers * router_params(s),
         "norms": norm_params(s),
         "head": 0 if s.tie_embeddings else s.vocab_size * s.d_model,
     }
     total = sum(counts.values())
-    idle = s.n_layers * (max(s.n_experts, 1) - s.active_experts) * expert_params(s)
+    idle = s.n_layers * (s.block_experts - s.active_experts) * expert_params(s)
     return {**counts, "total": total, "active": total - idle}
 
 
@@ -68,7 +68,7 @@ def lines(s: ModelShape) -> list[Line]:
     mlp_formula = (
         f"L·(2·d·d_ff + d_ff + d) = {n_layers}·(2·{d}·{f} + {f} + {d})"
         if gpt2
-        else f"L·E·3·d·d_ff = {n_layers}·{max(s.n_experts, 1)}·3·{d}·{f}"
+        else f"L·E·3·d·d_ff = {n_layers}·{s.block_experts}·3·{d}·{f}"
     )
     out = [
         Line("embeddings", "embeddings", c["embeddings"], "params", f"V·d = {s.vocab_size}·{d}"),

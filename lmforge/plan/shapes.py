@@ -29,8 +29,9 @@ class ModelShape:
     n_kv_heads: int
     d_ff: int
     tie_embeddings: bool = False
-    n_experts: int = 0  # 0: a dense MLP
+    n_experts: int = 0  # 0: a dense MLP; else d_ff is each expert's width
     experts_per_token: int = 2
+    shared_experts: int = 0  # experts every token runs besides its routed ones
     family: str = "llama"
     max_seq_len: int = 2048  # gpt2: the rows of the learned position table
 
@@ -44,8 +45,13 @@ class ModelShape:
 
     @property
     def active_experts(self) -> int:
-        """MLPs a token runs per block: 1 for a dense model."""
-        return self.experts_per_token if self.n_experts else 1
+        """MLPs a token runs per block: 1 for a dense model, routed plus shared for a MoE."""
+        return self.experts_per_token + self.shared_experts if self.n_experts else 1
+
+    @property
+    def block_experts(self) -> int:
+        """MLPs a block holds: 1 for a dense model, routed plus shared for a MoE."""
+        return self.n_experts + self.shared_experts if self.n_experts else 1
 
 
 def from_model_config(name: str, cfg: object) -> ModelShape:
@@ -57,10 +63,11 @@ def from_model_config(name: str, cfg: object) -> ModelShape:
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,
         n_kv_heads=cfg.kv_heads,
-        d_ff=cfg.ffn_dim,
+        d_ff=cfg.expert_ffn_dim if getattr(cfg, "n_experts", 0) else cfg.ffn_dim,
         tie_embeddings=cfg.tie_embeddings,
         n_experts=getattr(cfg, "n_experts", 0),
         experts_per_token=getattr(cfg, "experts_per_token", 2),
+        shared_experts=getattr(cfg, "moe_shared_experts", 0) if getattr(cfg, "n_experts", 0) else 0,
         max_seq_len=cfg.max_seq_len,
     )
 

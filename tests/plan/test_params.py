@@ -39,11 +39,22 @@ def test_every_preset_counts_its_model_exactly(name):
         {"n_kv_heads": 1, "tie_embeddings": True},
         {"n_experts": 4, "experts_per_token": 2},
         {"n_experts": 8, "experts_per_token": 1, "n_kv_heads": 2, "d_ff": 96},
+        {"n_experts": 8, "experts_per_token": 2, "moe_expert_d_ff": 48, "moe_shared_experts": 2},
     ],
 )
 def test_gqa_moe_and_tied_variants_count_exactly(change):
     cfg = dataclasses.replace(PRESETS["tiny"]().model, **change)
     assert param_counts(from_model_config("v", cfg))["total"] == meta_numel(cfg)
+
+
+def test_fine_grained_and_shared_experts_count_their_active_parameters():
+    cfg = dataclasses.replace(
+        PRESETS["tiny"]().model, n_experts=8, experts_per_token=2, moe_expert_d_ff=48,
+        moe_shared_experts=1,
+    )  # fmt: skip
+    counts = param_counts(from_model_config("fine", cfg))
+    per_expert = 3 * cfg.d_model * 48
+    assert counts["total"] - counts["active"] == cfg.n_layers * 6 * per_expert  # 6 idle of 8
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
