@@ -30,6 +30,9 @@ training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML fi
   reshard_after_forward=false  --parallel fsdp: keep gathered weights until backward (ZeRO-2)
   sequence_parallel=false   --parallel tp: all-reduce instead of sequence-sharded norms
   collective_timeout_s=N    fail when a collective waits N s (a rank died or hung; default 600)
+  fused_loss=true           the head fused into the cross-entropy: no full logits
+  document_mask=true        packed documents attend only to themselves
+  kernels=triton            RMSNorm, SwiGLU, RoPE, attention and the fused loss by Triton (a GPU)
 """
 
 # Flags that set one train.* key each: (flag attribute, TrainConfig field).

@@ -36,7 +36,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, default=1, help="devices in all")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--interconnect", default="nvlink4,ib-ndr", help="INTRA,INTER link names")
-    p.add_argument("--parallel", help="e.g. fsdp=8,tp=8 (also dp=, zero=0..3, sp=1); default FSDP")
+    p.add_argument(
+        "--parallel", help="e.g. fsdp=8,tp=8 (also dp=, ep=, zero=0..3, sp=1); default FSDP"
+    )
     p.add_argument(
         "--precision",
         help="fp32, bf16, fp16 or fp8 (default: bf16; on cpu-local, what precision=auto picks)",

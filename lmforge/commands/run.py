@@ -66,8 +66,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--parallel",
         metavar="LAYOUT",
-        help="under torchrun: data/tensor parallel degrees, e.g. dp=8, fsdp=4, fsdp=2,tp=2 "
-        "(the world size left over goes to dp; default: plain DDP over all processes)",
+        help="under torchrun: data/tensor/expert parallel degrees, e.g. dp=8, fsdp=4, "
+        "fsdp=2,tp=2, fsdp=4,ep=2 (the world size left over goes to dp; ep splits the data "
+        "ranks' experts; default: plain DDP over all processes)",
     )
     add_speed_options(p)
     add_run_options(p)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.kernels.linear_cross_entropy import linear_cross_entropy
 from lmforge.model.attention import Attention, segment_positions
 from lmforge.model.config import ModelConfig
 from lmforge.model.layers import Embedding, Linear, RMSNorm, SwiGLU
@@ -44,7 +45,13 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Token embedding, n_layers blocks, a final RMSNorm and the output head."""
+    """Token embedding, n_layers blocks, a final RMSNorm and the output head.
+
+    `head_loss` is how forward(targets=...) fuses the head into the cross-entropy: PyTorch's
+    chunked kernel here; a kernel choice (lmforge.train.kernels) may set another on a model.
+    """
+
+    head_loss = staticmethod(linear_cross_entropy)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -101,10 +108,8 @@ class Transformer(nn.Module):
         elif last_only:
             h = h[:, -1:]
         if targets is not None:
-            from lmforge.kernels.linear_cross_entropy import linear_cross_entropy
-
             h = self.norm(h).flatten(0, 1)
-            return linear_cross_entropy(h, self.output.weight, targets.flatten())
+            return self.head_loss(h, self.output.weight, targets.flatten())
         logits = self.output(self.norm(h))
         if kv_cache is not None:
             kv_cache.advance(t)  # only now: every layer wrote its K/V at the same position

@@ -9,9 +9,9 @@ parameters or their names, so a checkpoint of either choice loads under the othe
 
 Attention rotates with the Triton RoPE, and attends with the Triton FlashAttention-2 whenever
 its queries start at position 0 (training and scoring, with or without packed documents); a
-KV cache's later positions keep the PyTorch attention. Left on PyTorch: the experts of a MoE,
-and the fused head + cross-entropy of train.fused_loss, which Transformer.forward calls
-directly.
+KV cache's later positions keep the PyTorch attention. The fused head + cross-entropy of
+train.fused_loss becomes the Triton one (the model's `head_loss`). Left on PyTorch: the experts
+of a MoE (grouped matmuls).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from lmforge.errors import LmforgeError
 from lmforge.kernels.triton import load, unavailable
 from lmforge.model.attention import Attention, causal_attention
 from lmforge.model.layers import RMSNorm, SwiGLU
+from lmforge.model.transformer import Transformer
 from lmforge.train.config import KERNEL_CHOICES
 
 
@@ -57,6 +58,7 @@ _USES = (
     ("swiglu", SwiGLU),
     ("rope", Attention),
     ("flash_attention", Attention),
+    ("linear_cross_entropy", Transformer),
 )
 
 
@@ -72,7 +74,7 @@ def apply_kernels(
             f"train.kernels is {choice!r}: choose one of {', '.join(KERNEL_CHOICES)}"
         )
     present = {type(m) for m in model.modules()}
-    names = [name for name, cls in _USES if cls in present]
+    names = [name for name, cls in _USES if any(issubclass(t, cls) for t in present)]
     for name in names:
         reason = unavailable(name, device, dtype)
         if reason is not None:
@@ -91,6 +93,8 @@ def apply_kernels(
             _swap(module, TritonSwiGLU, swiglu=kernels["swiglu"].swiglu)
         elif type(module) is Attention:
             _swap(module, TritonAttention, rotate=kernels["rope"].apply_rope, attend=attend)
+        elif isinstance(module, Transformer):
+            module.head_loss = kernels["linear_cross_entropy"].linear_cross_entropy
     return names
 
 

@@ -13,7 +13,7 @@ from lmforge.model.attention import Attention
 from lmforge.model.cache import KVCache
 from lmforge.model.layers import RMSNorm, SwiGLU
 from lmforge.train import kernels as kernels_module
-from lmforge.train.compose import compose
+from lmforge.train.compose import Objective, compose
 from lmforge.train.config import TrainConfig
 from lmforge.train.precision import make_precision
 
@@ -24,10 +24,11 @@ if installed():
     interpreted.start()  # the child imports torch while the tests before it run
 
 
-def _composed(kernels: str):
+def _composed(kernels: str, fused_loss: bool = False):
     torch.manual_seed(1)
     model = Transformer(MODEL)
-    return compose(model, make_precision("fp32", CPU), CPU, kernels=kernels)
+    objective = Objective(fused_loss)
+    return compose(model, make_precision("fp32", CPU), CPU, objective=objective, kernels=kernels)
 
 
 def _batch(packed: bool):
@@ -39,10 +40,10 @@ def _batch(packed: bool):
     return x, y, segments
 
 
-def run(kernels: str, packed: bool) -> dict:
-    """One forward and backward, and a prefill + decode step with a KV cache (run in the
-    interpreter's child for "triton")."""
-    composed = _composed(kernels)
+def run(kernels: str, packed: bool, fused_loss: bool = False) -> dict:
+    """One forward and backward (the head fused into the loss, or not), and a prefill + decode
+    step with a KV cache (run in the interpreter's child for "triton")."""
+    composed = _composed(kernels, fused_loss)
     model = composed.master
     loss = composed.loss(*_batch(packed))
     loss.backward()
@@ -91,11 +92,14 @@ def test_torch_is_the_plain_model():
 
 
 @pytest.mark.skipif(not installed(), reason="needs triton (the kernels extra)")
-@pytest.mark.parametrize("packed", [False, True])
-def test_triton_kernels_equal_the_torch_path(packed):
-    want = run("torch", packed)
-    got = interpreted.run_interpreted(__file__, "run", kernels="triton", packed=packed)
-    assert got["swapped"] == ["rmsnorm", "swiglu", "rope", "flash_attention"]
+@pytest.mark.parametrize("packed, fused_loss", [(False, False), (True, True)])
+def test_triton_kernels_equal_the_torch_path(packed, fused_loss):
+    want = run("torch", packed, fused_loss)
+    got = interpreted.run_interpreted(
+        __file__, "run", kernels="triton", packed=packed, fused_loss=fused_loss
+    )
+    kernels = ["rmsnorm", "swiglu", "rope", "flash_attention", "linear_cross_entropy"]
+    assert got["swapped"] == kernels
     assert {"TritonRMSNorm", "TritonSwiGLU", "TritonAttention"} <= set(got["classes"])
     assert "RMSNorm" not in got["classes"] and "SwiGLU" not in got["classes"]
     torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-5, atol=1e-6)
