@@ -18,6 +18,7 @@ from pathlib import Path
 
 from lmforge.report.plan_table import plan_vs_measured
 from lmforge.report.plots import plot_loss
+from lmforge.report.routing import routing_section
 from lmforge.train.metrics import read_metrics
 
 
@@ -51,7 +52,7 @@ def write_report(run_dir: str | Path, data: ReportData) -> Path:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     plot = plot_loss(metrics, run_dir / "plots" / "loss.png", title=f"{data.name}: loss")
     plan = plan_vs_measured(data.config_toml, data.training, metrics)
-    text = render(data, plot.relative_to(run_dir).as_posix(), plan)
+    text = render(data, plot.relative_to(run_dir).as_posix(), plan, routing_section(metrics))
     path = run_dir / "report.md"
     tmp = path.with_name("report.md.tmp")
     tmp.write_text(text)
@@ -260,8 +261,9 @@ def _failure(record: dict) -> str:
     return f"{after} the gold {clip(record.get('gold_text', ''), 40)} was not the greedy choice"
 
 
-def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
-    """The report's Markdown; `plan` holds the plan-vs-measured rows (plan_table.py)."""
+def render(data: ReportData, plot_path: str, plan: list[str] = (), routing: list[str] = ()) -> str:
+    """The report's Markdown; `plan` holds the plan-vs-measured rows (plan_table.py),
+    `routing` a mixture of experts' routing (routing.py)."""
     stats, tok, ev, tr = data.data_stats, data.tokenizer, data.evaluation, data.training
     lines = [
         f"# lmforge run: {data.name}",
@@ -298,6 +300,7 @@ def render(data: ReportData, plot_path: str, plan: list[str] = ()) -> str:
         *_sizing(data.sizing),
         *_machine_load(data.machine_load),
         *plan,
+        *routing,
         f"![loss curve]({plot_path})",
         "",
         "## Samples",
