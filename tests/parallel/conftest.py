@@ -78,6 +78,22 @@ class Launcher:
     def spawn(self, world_size: int, runs: list[dict], tmp: Path):
         return spawn_group(world_size, runs, self.shard_dir, tmp)
 
+    @staticmethod
+    def losses(out: Path) -> list[float]:
+        """The logged training losses of the run in `out`."""
+        from lmforge.train.metrics import read_metrics
+
+        return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+    @staticmethod
+    def weights(out: Path) -> dict:
+        """The final checkpoint's weights of the run in `out`."""
+        from safetensors.torch import load_file
+
+        from lmforge.train.checkpoint_dir import list_checkpoints
+
+        return load_file(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors")
+
     def assert_same_weights(self, got: dict, want: dict, outliers: float = 1e-3) -> None:
         """fp32 weights of two runs that differ only in the order of floating-point sums.
 

@@ -6,23 +6,10 @@ Tolerance as for the other fp32 strategies: loss to 1e-4, weights as `Launcher.a
 """
 
 import pytest
-import torch
-from safetensors.torch import load_file
-
-from lmforge.train.checkpoint_dir import list_checkpoints
-from lmforge.train.metrics import read_metrics
 
 LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2", "hsdp": "dp=2,fsdp=2"}
 FUSED = {"": True, "_unfused": False}  # train.fused_adamw: PyTorch's fused AdamW, or lmforge's
 RUNS = {k + suffix: (v, fused) for k, v in LAYOUTS.items() for suffix, fused in FUSED.items()}
-
-
-def losses(out) -> list[float]:
-    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
-
-
-def weights(out) -> dict[str, torch.Tensor]:
-    return load_file(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +30,8 @@ def test_two_dimensional_layout_matches_single_process(name, group, references, 
     reference = references / ("fp32" if RUNS[name][1] else "unfused")
     root, _, outputs = group
     assert (root / name / "metrics.jsonl").exists(), outputs[0][-3000:]
-    assert losses(root / name) == pytest.approx(losses(reference), abs=1e-4)
-    launcher.assert_same_weights(weights(root / name), weights(reference))
+    assert launcher.losses(root / name) == pytest.approx(launcher.losses(reference), abs=1e-4)
+    launcher.assert_same_weights(launcher.weights(root / name), launcher.weights(reference))
 
 
 def test_dead_rank_stops_the_others_with_a_clear_error(group):

@@ -11,12 +11,10 @@ one process by more than the order of sums: its losses agree to 1e-3, its weight
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from lmforge.plan import from_model_config
 from lmforge.plan.comm import comm_bytes_per_step
 from lmforge.plan.layout import Layout
-from lmforge.train.checkpoint_dir import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
 MOE = {"n_experts": 4, "experts_per_token": 2, "moe_bias_update_rate": 1e-3}
@@ -32,14 +30,6 @@ REFERENCES = {
     "accum": (MOE, {"grad_accum_steps": 2}),
     "aux": (MOE_AUX, {}),
 }
-
-
-def losses(out) -> list[float]:
-    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
-
-
-def weights(out) -> dict[str, torch.Tensor]:
-    return load_file(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +63,10 @@ def group(launcher, tmp_path_factory):
 @pytest.mark.parametrize("name", [*RUNS, "resharded"])
 def test_expert_parallel_matches_single_process(name, group, references, launcher):
     reference = RUNS[name][2] if name in RUNS else "extended"
-    got, want = losses(group / name), losses(references / reference)
+    got, want = launcher.losses(group / name), launcher.losses(references / reference)
     assert len(got) == launcher.train["max_steps"]
     assert got == pytest.approx(want, abs=1e-3)
-    got, want = weights(group / name), weights(references / reference)
+    got, want = launcher.weights(group / name), launcher.weights(references / reference)
     assert got["layers.0.mlp.experts.gate_proj"].shape[0] == MOE["n_experts"]  # gathered
     if name != "ep_aux_loss":
         launcher.assert_same_weights(got, want)
@@ -84,8 +74,8 @@ def test_expert_parallel_matches_single_process(name, group, references, launche
         assert (value - want[key]).abs().mean() <= 5e-4, key
 
 
-def test_balance_bias_moves_alike_on_every_rank(group, references):
-    got, want = weights(group / "ep"), weights(references / "plain")
+def test_balance_bias_moves_alike_on_every_rank(group, references, launcher):
+    got, want = launcher.weights(group / "ep"), launcher.weights(references / "plain")
     bias = "layers.0.mlp.expert_bias"
     assert got[bias].abs().max() > 0
     torch.testing.assert_close(got[bias], want[bias], rtol=0, atol=1e-6)

@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 from lmforge.errors import LmforgeError
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dcp import export_safetensors
-from lmforge.train.checkpoint_dir import list_checkpoints
 from lmforge.train.metrics import read_metrics
 
 STRATEGIES = {  # name: (train.* of the 2-process run, reference, tolerance)
@@ -54,14 +53,6 @@ STRATEGIES.update(
 )
 
 
-def losses(out) -> list[float]:
-    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
-
-
-def weights(out) -> dict[str, torch.Tensor]:
-    return load_file(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors")
-
-
 @pytest.fixture(scope="module")
 def group(launcher, tmp_path_factory):
     """All 2-process runs, in one group: the strategies, then a checkpoint at fsdp=2 (2 steps)
@@ -92,10 +83,10 @@ def group(launcher, tmp_path_factory):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_strategy_matches_single_process(name, group, references, launcher):
     _, reference, tolerance = STRATEGIES[name]
-    got, want = losses(group / name), losses(references / reference)
+    got, want = launcher.losses(group / name), launcher.losses(references / reference)
     assert len(got) == launcher.train["max_steps"]
     assert got == pytest.approx(want, abs=1e-4 if tolerance == "fp32" else 2e-3)
-    got, want = weights(group / name), weights(references / reference)
+    got, want = launcher.weights(group / name), launcher.weights(references / reference)
     if tolerance == "fp32":
         launcher.assert_same_weights(got, want)
         return
@@ -104,8 +95,8 @@ def test_strategy_matches_single_process(name, group, references, launcher):
         assert difference.mean() <= 2e-4 and difference.max() <= 2e-2, key
 
 
-def test_communication_is_logged_per_strategy(group):
-    n_bytes = 4 * sum(w.numel() for w in weights(group / "ddp").values())  # fp32 gradients
+def test_communication_is_logged_per_strategy(group, launcher):
+    n_bytes = 4 * sum(w.numel() for w in launcher.weights(group / "ddp").values())  # fp32 gradients
     by_strategy = {
         name: [r for r in read_metrics(group / name / "metrics.jsonl") if "loss" in r][-1]
         for name in ("ddp", "fsdp", "tp", "tp_sp")
@@ -132,8 +123,8 @@ def test_checkpoint_resumed_continues_the_run(name, group, references, launcher)
     PyTorch's), and ZeRO-1's per-rank optimizer state at dp=2: a 2-step run extended to 4
     steps."""
     reference = references / RESUMED[name]
-    assert losses(group / name) == pytest.approx(losses(reference), abs=1e-4)
-    launcher.assert_same_weights(weights(group / name), weights(reference))
+    assert launcher.losses(group / name) == pytest.approx(launcher.losses(reference), abs=1e-4)
+    launcher.assert_same_weights(launcher.weights(group / name), launcher.weights(reference))
 
 
 def test_checkpoint_from_fsdp_resumes_in_one_process(group, references, launcher, tmp_path):
@@ -143,8 +134,8 @@ def test_checkpoint_from_fsdp_resumes_in_one_process(group, references, launcher
     shutil.copy(group / "resharded" / "metrics.jsonl", tmp_path / "metrics.jsonl")
     launcher.single(tmp_path)
     reference = references / "fp32_extended"
-    assert losses(tmp_path) == pytest.approx(losses(reference), abs=1e-4)
-    launcher.assert_same_weights(weights(tmp_path), weights(reference))
+    assert launcher.losses(tmp_path) == pytest.approx(launcher.losses(reference), abs=1e-4)
+    launcher.assert_same_weights(launcher.weights(tmp_path), launcher.weights(reference))
 
 
 def test_distributed_checkpoint_loads_for_inference(group, tmp_path):
