@@ -70,6 +70,38 @@ def _bounds(seg, first, valid):
 
 
 @triton.jit
+def _tile(PTR, offs_r, stride_r, offs_c, C, row_ok):
+    """Rows `offs_r` of the matrix at PTR (row stride `stride_r`, C contiguous columns), zero
+    beyond the valid rows and the C columns."""
+    return tl.load(PTR + offs_r[:, None] * stride_r + offs_c[None, :],
+                   mask=row_ok[:, None] & (offs_c[None, :] < C), other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _segments(SEG, base, offs, start, valid, HAS_SEG: tl.constexpr):
+    """A tile's segment ids (row `base` of SEG) and their smallest and largest; without
+    segments (SEG is None) its positions, and bounds that never rule a tile out."""
+    seg = offs
+    lo = 0
+    hi = 0
+    if HAS_SEG:
+        seg = tl.load(SEG + base + offs, mask=valid, other=0)
+        lo, hi = _bounds(seg, tl.load(SEG + base + start), valid)
+    return seg, lo, hi
+
+
+@triton.jit
+def _mask_tile(MASK, base, offs_m, offs_n, smm, smn, row_ok, col_ok, HAS_MASK: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) tile of the explicit mask at MASK + base (without one, MASK is
+    None: a placeholder)."""
+    tile = offs_n
+    if HAS_MASK:
+        tile = tl.load(MASK + base + offs_m[:, None] * smm + offs_n[None, :] * smn,
+                       mask=row_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+    return tile
+
+
+@triton.jit
 def _scores(q, k, scale, offs_m, offs_n, M, N, seg_q, seg_k, mask_tile,
             IS_CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
             MASK_BOOL: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
@@ -106,20 +138,10 @@ def _forward(Q, K, V, OUT, LSE, SEG_Q, SEG_K, MASK,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < M
-    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
+    q = _tile(Q + z * sqz + h * sqh, offs_m, sqm, offs_d, D, row_ok)
     K = K + z * skz + hk * skh
     V = V + z * svz + hk * svh
-    seg_q = offs_m
-    q_lo = 0
-    q_hi = 0
-    if HAS_SEG:
-        SEG_Q = SEG_Q + z * sgqz + h * sgqh
-        SEG_K = SEG_K + z * sgkz + h * sgkh
-        seg_q = tl.load(SEG_Q + offs_m, mask=row_ok, other=0)
-        q_lo, q_hi = _bounds(seg_q, tl.load(SEG_Q + m0), row_ok)
-    if HAS_MASK:
-        MASK = MASK + z * smz + h * smh
+    seg_q, q_lo, q_hi = _segments(SEG_Q, z * sgqz + h * sgqh, offs_m, m0, row_ok, HAS_SEG)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
@@ -127,21 +149,13 @@ def _forward(Q, K, V, OUT, LSE, SEG_Q, SEG_K, MASK,
     for n0 in range(0, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < N
-        seg_k = offs_n
-        live = True
-        if HAS_SEG:
-            seg_k = tl.load(SEG_K + offs_n, mask=col_ok, other=0)
-            k_lo, k_hi = _bounds(seg_k, tl.load(SEG_K + n0), col_ok)
-            live = (k_lo <= q_hi) & (k_hi >= q_lo)
-        if live:
-            k = tl.load(K + offs_n[:, None] * skn + offs_d[None, :],
-                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-            v = tl.load(V + offs_n[:, None] * svn + offs_dv[None, :],
-                        mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
-            mask_tile = offs_n
-            if HAS_MASK:
-                mask_tile = tl.load(MASK + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                                    mask=row_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+        seg_k, k_lo, k_hi = _segments(SEG_K, z * sgkz + h * sgkh, offs_n, n0, col_ok, HAS_SEG)
+        if (k_lo <= q_hi) & (k_hi >= q_lo):  # a tile of keys some query's segment may see
+            k = _tile(K, offs_n, skn, offs_d, D, col_ok)
+            v = _tile(V, offs_n, svn, offs_dv, DV, col_ok)
+            mask_tile = _mask_tile(
+                MASK, z * smz + h * smh, offs_m, offs_n, smm, smn, row_ok, col_ok, HAS_MASK
+            )
             s = _scores(q, k, scale, offs_m, offs_n, M, N, seg_q, seg_k, mask_tile,
                         IS_CAUSAL, HAS_SEG, HAS_MASK, MASK_BOOL, PRECISION)  # fmt: skip
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -205,10 +219,8 @@ def _backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, SEG_Q, SEG_K, MASK,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     col_ok = offs_n < N
-    k = tl.load(K + z * skz + hk * skh + offs_n[:, None] * skn + offs_d[None, :],
-                mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-    v = tl.load(V + z * svz + hk * svh + offs_n[:, None] * svn + offs_dv[None, :],
-                mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
+    k = _tile(K + z * skz + hk * skh, offs_n, skn, offs_d, D, col_ok)
+    v = _tile(V + z * svz + hk * svh, offs_n, svn, offs_dv, DV, col_ok)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
     start = (n0 // BLOCK_M) * BLOCK_M if IS_CAUSAL else 0  # query i sees key j only if i >= j
@@ -217,36 +229,18 @@ def _backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, SEG_Q, SEG_K, MASK,
         zh = z * H + h
         Qh = Q + z * sqz + h * sqh
         DOh = DO + z * sdz + h * sdh
-        if HAS_MASK:
-            MASKh = MASK + z * smz + h * smh
-        seg_k = offs_n
-        k_lo = 0
-        k_hi = 0
-        if HAS_SEG:
-            SEG_Qh = SEG_Q + z * sgqz + h * sgqh
-            SEG_Kh = SEG_K + z * sgkz + h * sgkh
-            seg_k = tl.load(SEG_Kh + offs_n, mask=col_ok, other=0)
-            k_lo, k_hi = _bounds(seg_k, tl.load(SEG_Kh + n0), col_ok)
+        seg_k, k_lo, k_hi = _segments(SEG_K, z * sgkz + h * sgkh, offs_n, n0, col_ok, HAS_SEG)
         for m0 in range(start, M, BLOCK_M):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             row_ok = offs_m < M
-            seg_q = offs_m
-            live = True
-            if HAS_SEG:
-                seg_q = tl.load(SEG_Qh + offs_m, mask=row_ok, other=0)
-                q_lo, q_hi = _bounds(seg_q, tl.load(SEG_Qh + m0), row_ok)
-                live = (k_lo <= q_hi) & (k_hi >= q_lo)
-            if live:
-                q = tl.load(Qh + offs_m[:, None] * sqm + offs_d[None, :],
-                            mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-                do = tl.load(DOh + offs_m[:, None] * sdm + offs_dv[None, :],
-                             mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
+            seg_q, q_lo, q_hi = _segments(SEG_Q, z * sgqz + h * sgqh, offs_m, m0, row_ok, HAS_SEG)
+            if (k_lo <= q_hi) & (k_hi >= q_lo):
+                q = _tile(Qh, offs_m, sqm, offs_d, D, row_ok)
+                do = _tile(DOh, offs_m, sdm, offs_dv, DV, row_ok)
                 lse, delta = _row_stats(LSE, DELTA, zh, offs_m, M)
-                mask_tile = offs_n
-                if HAS_MASK:
-                    mask_tile = tl.load(
-                        MASKh + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                        mask=row_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+                mask_tile = _mask_tile(
+                    MASK, z * smz + h * smh, offs_m, offs_n, smm, smn, row_ok, col_ok, HAS_MASK
+                )
                 s = _scores(q, k, scale, offs_m, offs_n, M, N, seg_q, seg_k, mask_tile,
                             IS_CAUSAL, HAS_SEG, HAS_MASK, MASK_BOOL, PRECISION)  # fmt: skip
                 p = tl.exp(s - lse[:, None])
@@ -279,43 +273,24 @@ def _backward_dq(Q, K, V, DO, LSE, DELTA, DQ, SEG_Q, SEG_K, MASK,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < M
-    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :],
-                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
+    q = _tile(Q + z * sqz + h * sqh, offs_m, sqm, offs_d, D, row_ok)
+    do = _tile(DO + z * sdz + h * sdh, offs_m, sdm, offs_dv, DV, row_ok)
     lse, delta = _row_stats(LSE, DELTA, zh, offs_m, M)
     K = K + z * skz + hk * skh
     V = V + z * svz + hk * svh
-    seg_q = offs_m
-    q_lo = 0
-    q_hi = 0
-    if HAS_SEG:
-        SEG_Q = SEG_Q + z * sgqz + h * sgqh
-        SEG_K = SEG_K + z * sgkz + h * sgkh
-        seg_q = tl.load(SEG_Q + offs_m, mask=row_ok, other=0)
-        q_lo, q_hi = _bounds(seg_q, tl.load(SEG_Q + m0), row_ok)
-    if HAS_MASK:
-        MASK = MASK + z * smz + h * smh
+    seg_q, q_lo, q_hi = _segments(SEG_Q, z * sgqz + h * sgqh, offs_m, m0, row_ok, HAS_SEG)
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     end = tl.minimum(N, m0 + BLOCK_M) if IS_CAUSAL else N
     for n0 in range(0, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < N
-        seg_k = offs_n
-        live = True
-        if HAS_SEG:
-            seg_k = tl.load(SEG_K + offs_n, mask=col_ok, other=0)
-            k_lo, k_hi = _bounds(seg_k, tl.load(SEG_K + n0), col_ok)
-            live = (k_lo <= q_hi) & (k_hi >= q_lo)
-        if live:
-            k = tl.load(K + offs_n[:, None] * skn + offs_d[None, :],
-                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-            v = tl.load(V + offs_n[:, None] * svn + offs_dv[None, :],
-                        mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
-            mask_tile = offs_n
-            if HAS_MASK:
-                mask_tile = tl.load(MASK + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                                    mask=row_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+        seg_k, k_lo, k_hi = _segments(SEG_K, z * sgkz + h * sgkh, offs_n, n0, col_ok, HAS_SEG)
+        if (k_lo <= q_hi) & (k_hi >= q_lo):
+            k = _tile(K, offs_n, skn, offs_d, D, col_ok)
+            v = _tile(V, offs_n, svn, offs_dv, DV, col_ok)
+            mask_tile = _mask_tile(
+                MASK, z * smz + h * smh, offs_m, offs_n, smm, smn, row_ok, col_ok, HAS_MASK
+            )
             s = _scores(q, k, scale, offs_m, offs_n, M, N, seg_q, seg_k, mask_tile,
                         IS_CAUSAL, HAS_SEG, HAS_MASK, MASK_BOOL, PRECISION)  # fmt: skip
             p = tl.exp(s - lse[:, None])
