@@ -1,6 +1,7 @@
-"""Four processes: FSDP × TP, DP × TP and DP × FSDP (HSDP) train like one process, with
-`train.fused_adamw` on and off (against one process with the same optimizer); a dead rank
-makes the survivors stop with a clear error instead of hanging.
+"""Four processes: FSDP × TP, DP × TP and DP × FSDP (HSDP) train like one process, FSDP × TP
+also with lmforge's AdamW (`train.fused_adamw=false`, against one process with the same
+optimizer; the 1-D layouts run both in test_strategies.py); a dead rank makes the survivors
+stop with a clear error instead of hanging.
 
 Tolerance as for the other fp32 strategies: loss to 1e-4, weights as `Launcher.assert_same_weights`.
 """
@@ -8,8 +9,8 @@ Tolerance as for the other fp32 strategies: loss to 1e-4, weights as `Launcher.a
 import pytest
 
 LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2", "hsdp": "dp=2,fsdp=2"}
-FUSED = {"": True, "_unfused": False}  # train.fused_adamw: PyTorch's fused AdamW, or lmforge's
-RUNS = {k + suffix: (v, fused) for k, v in LAYOUTS.items() for suffix, fused in FUSED.items()}
+RUNS = {k: (v, True) for k, v in LAYOUTS.items()}  # (layout, train.fused_adamw)
+RUNS["fsdp_tp_unfused"] = (LAYOUTS["fsdp_tp"], False)
 
 
 @pytest.fixture(scope="module")
