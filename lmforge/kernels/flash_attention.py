@@ -323,20 +323,21 @@ def _user_mask(shape: _Shape, mask: torch.Tensor | None) -> torch.Tensor | None:
     return _split_heads(shape, m, -3).transpose(-3, -2)
 
 
-def _segments(shape: _Shape, segment_ids: Segments | None):
-    """(q, k) segment views shaped (*lead', heads_kv', G', seq), primes 1 or full."""
-    if segment_ids is None:
-        return None
+def check_segments(
+    segment_ids: Segments, lead: tuple[int, ...], heads: int, seqs: tuple[int, int]
+) -> list[torch.Tensor]:
+    """The (q, k) segment ids (one tensor for both, or a pair), checked against q/k's leading
+    dims, heads and (seq_q, seq_k); each shaped (*lead, 1 or heads, seq) or broadcastable to it."""
     pair = segment_ids if isinstance(segment_ids, tuple | list) else (segment_ids, segment_ids)
     if len(pair) != 2:
         raise LmforgeError("flash_attention: segment_ids is one tensor or a (q, k) pair")
     out = []
-    for ids, seq in zip(pair, (shape.seq_q, shape.seq_k), strict=True):
+    for ids, seq in zip(pair, seqs, strict=True):
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
             raise LmforgeError("flash_attention: segment_ids must be integer tensors")
-        if ids.dim() == len(shape.lead) + 1:  # no head dim: shared by all heads
+        if ids.dim() == len(lead) + 1:  # no head dim: shared by all heads
             ids = ids.unsqueeze(-2)
-        full = (*shape.lead, shape.heads_q, seq)
+        full = (*lead, heads, seq)
         try:
             fits = ids.dim() == len(full) and torch.broadcast_shapes(ids.shape, full) == full
         except RuntimeError:
@@ -344,11 +345,22 @@ def _segments(shape: _Shape, segment_ids: Segments | None):
         if not fits:
             raise LmforgeError(
                 f"flash_attention: segment_ids shape {tuple(ids.shape)} does not fit "
-                f"(*batch, seq) or (*batch, heads, seq) for q/k shaped (..., {shape.heads_q}, "
-                f"seq, d)"
+                f"(*batch, seq) or (*batch, heads, seq) for q/k shaped (..., {heads}, seq, d)"
             )
-        out.append(_split_heads(shape, ids.expand(*ids.shape[:-1], seq), -2))
-    return tuple(out)
+        out.append(ids)
+    return out
+
+
+def _segments(shape: _Shape, segment_ids: Segments | None):
+    """(q, k) segment views shaped (*lead', heads_kv', G', seq), primes 1 or full."""
+    if segment_ids is None:
+        return None
+    seqs = (shape.seq_q, shape.seq_k)
+    pair = check_segments(segment_ids, shape.lead, shape.heads_q, seqs)
+    return tuple(
+        _split_heads(shape, ids.expand(*ids.shape[:-1], seq), -2)
+        for ids, seq in zip(pair, seqs, strict=True)
+    )
 
 
 def _split_heads(shape: _Shape, x: torch.Tensor, dim: int) -> torch.Tensor:

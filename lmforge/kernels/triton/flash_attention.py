@@ -33,12 +33,11 @@ import triton
 import triton.language as tl
 
 from lmforge.errors import LmforgeError
-from lmforge.kernels.flash_attention import check_mask
+from lmforge.kernels.flash_attention import Segments, check_mask, check_segments
 from lmforge.kernels.triton import configs, interpreting
 
 INTERPRETED = interpreting()  # as triton.jit built this module's kernels (fixed at import)
 
-Segments = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 _INTERPRETER_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
 _FORWARD_GPU = [
@@ -358,25 +357,11 @@ class _Problem:
     def _segments(self, segment_ids: Segments | None, device) -> tuple | None:
         if segment_ids is None:
             return None
-        pair = segment_ids if isinstance(segment_ids, tuple | list) else (segment_ids,) * 2
-        if len(pair) != 2:
-            raise LmforgeError("flash_attention: segment_ids is one tensor or a (q, k) pair")
         out = []
-        for ids, seq in zip(pair, (self.m, self.n), strict=True):
-            if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
-                raise LmforgeError("flash_attention: segment_ids must be integer tensors")
-            if ids.dim() == len(self.lead) + 1:  # no head dim: shared by all heads
-                ids = ids.unsqueeze(-2)
-            full = (*self.lead, self.h, seq)
-            try:
-                fits = ids.dim() == len(full) and torch.broadcast_shapes(ids.shape, full) == full
-            except RuntimeError:
-                fits = False
-            if not fits:
-                raise LmforgeError(
-                    f"flash_attention: segment_ids shape {tuple(ids.shape)} does not fit "
-                    f"(*batch, seq) or (*batch, heads, seq) for q shaped (..., {self.h}, seq, d)"
-                )
+        seqs = (self.m, self.n)
+        for ids, seq in zip(
+            check_segments(segment_ids, self.lead, self.h, seqs), seqs, strict=True
+        ):
             heads = ids.shape[-2]
             ids = ids.to(device=device, dtype=torch.int32).expand(*self.lead, heads, seq)
             out.append(ids.reshape(self.z, heads, seq).contiguous().expand(self.z, self.h, seq))
