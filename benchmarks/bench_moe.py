@@ -47,7 +47,8 @@ from torch import nn
 from lmforge.config import small
 from lmforge.device.cpuinfo import cpu_class, read_cpuinfo
 from lmforge.model import ModelConfig, Transformer
-from lmforge.model.moe import GroupedExperts, grouped_mm_available, moe_losses
+from lmforge.model.experts import GroupedExperts, grouped_mm_available
+from lmforge.model.moe import moe_losses
 from lmforge.tokens import get_batch, load_tokens, read_meta
 
 RESULTS = Path(__file__).parent / "results" / "moe.json"

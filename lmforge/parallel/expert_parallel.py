@@ -1,7 +1,7 @@
 """Expert parallelism: a mixture of experts' stacked expert weights split over the ep ranks,
 each token's rows moved to its experts' rank and back by all-to-all.
 
-An MoE's `experts` module (model/moe.py's GroupedExperts) holds stacked parameters of leading
+An MoE's `experts` module (model/experts.py's GroupedExperts) holds stacked parameters of leading
 size E, one slice per expert, and is called as `experts(x_sorted, counts)`: rows sorted by
 expert, `counts[e]` rows for expert e. `apply_expert_parallel` makes each parameter a DTensor
 sharded on dim 0 over the ep mesh (rank r holds experts r·E/ep … (r+1)·E/ep − 1), so clipping,

@@ -15,11 +15,9 @@ from torch.utils.checkpoint import checkpoint
 
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
+from lmforge.model.experts import GroupedExperts, _probe, grouped_mm_available
 from lmforge.model.moe import (
-    GroupedExperts,
     MoE,
-    _probe,
-    grouped_mm_available,
     moe_losses,
     moe_metrics,
     update_biases,

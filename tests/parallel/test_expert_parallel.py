@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from lmforge.errors import LmforgeError
-from lmforge.model.moe import GroupedExperts, MoE
+from lmforge.model.experts import GroupedExperts
+from lmforge.model.moe import MoE
 from lmforge.parallel.comm_count import count_collectives
 from lmforge.parallel.expert_parallel import apply_expert_parallel
 from lmforge.parallel.layout import check_model
