@@ -205,7 +205,7 @@ def run_lmforge(
     config = json.loads((checkpoint / "config.json").read_text())
     train = config["run"]["train"]
     steps = int(checkpoint.name.split("_")[-1])
-    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
     model, _ = load_checkpoint(checkpoint, "cpu")
     m = config["model"]
     result = {

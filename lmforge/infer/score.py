@@ -1,14 +1,16 @@
 """Log-likelihoods of continuations: what task evaluation and the server's `echo` scoring ask of a
-model, computed with each distinct context prefilled once.
+model, computed with each distinct context run once.
 
 A request is (context ids, continuation ids). Requests that share a context (the choices of a
-multiple-choice question) are one group: the context runs through the model once, batched with
-other groups' contexts (right-padded: a causal model's real tokens never see the padding after
-them), and its keys and values are then copied to one row per continuation, which runs at that
-row's own positions (`RowCache`). A 4-choice question costs one context and four continuations,
-where scoring each (context + continuation) whole costs four contexts.
+multiple-choice question) are one group, packed into one row as a tree: the context is the
+trunk and each continuation a branch that attends to the context and to itself alone, at the
+positions it would have after the context (`Transformer(ids, branches=...)`). A 4-choice
+question costs one context and four continuations in one forward pass, where scoring each
+(context + continuation) whole costs four contexts; no keys or values are copied, and rows of
+similar length (longest first) fill each batch. Only the positions that predict a
+continuation token reach the output head.
 
-The first continuation token is predicted by the context's last logits, the rest by the
+The first continuation token is predicted by the context's last position, the rest by the
 continuation's own. Log-probabilities are log_softmax in fp32; `greedy` says whether each token
 was the argmax (lm-eval's `is_greedy` is all of them); `top` lists the `top_n` most likely ids.
 """
@@ -16,7 +18,7 @@ was the argmax (lm-eval's `is_greedy` is all of them); `top` lists the `top_n` m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,8 +28,7 @@ from lmforge.errors import LmforgeError
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
 
-BATCH_TOKENS = 4096  # context tokens per forward pass, padding included
-CONTINUATION_ROWS = 16  # continuations per forward pass, grouped by length
+BATCH_TOKENS = 4096  # tokens per forward pass, padding included
 
 
 @dataclass
@@ -47,69 +48,14 @@ class TokenScores:
         return all(self.greedy)
 
 
-class RowCache:
-    """A KV cache whose rows each continue from their own position (the model's Cache protocol).
+@dataclass
+class _Tree:
+    """One row's contents: a context and the requests continuing it, each continuation's
+    inputs (all but its last token) a branch after the context."""
 
-    Row b writes T new keys at positions pos[b] .. pos[b]+T-1 and attends to its keys 0 ..
-    pos[b]+t; what lies beyond a row's own positions (another row's longer context) is masked
-    by attention, given per-row positions.
-    """
-
-    def __init__(
-        self, k: list[torch.Tensor], v: list[torch.Tensor], pos: int | torch.Tensor
-    ) -> None:
-        self.k, self.v, self.pos = k, v, pos
-        self._rows = torch.arange(k[0].shape[0], device=k[0].device)[:, None]
-
-    @classmethod
-    def empty(cls, model: Transformer, batch_size: int, length: int) -> RowCache:
-        """A cache whose rows all start at position 0: its first forward pass attends causally
-        (SDPA's fused causal kernel), as an int position tells attention."""
-        c, weight = model.config, model.tok_embeddings.weight
-        shape = (batch_size, c.kv_heads, length, c.head_dim)
-        k = [weight.new_zeros(shape) for _ in range(c.n_layers)]
-        v = [weight.new_zeros(shape) for _ in range(c.n_layers)]
-        return cls(k, v, 0)
-
-    def rows(self, index: torch.Tensor, length: int) -> RowCache:
-        """A cache of the rows `index` (repeats allowed), with room for `length` positions."""
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_zeros((len(index), t.shape[1], length, t.shape[3]))
-            keep = min(length, t.shape[2])
-            out[:, :, :keep] = t[index, :, :keep]
-            return out
-
-        return RowCache([take(k) for k in self.k], [take(v) for v in self.v], 0)
-
-    def _last(self) -> int:
-        return self.pos if isinstance(self.pos, int) else int(self.pos.max())
-
-    def check_fits(self, batch_size: int, n_new: int) -> None:
-        rows, length = self.k[0].shape[0], self.k[0].shape[2]
-        if batch_size != rows or self._last() + n_new > length:
-            raise LmforgeError(
-                f"{batch_size} x {n_new} new tokens do not fit a row cache of {rows} "
-                f"rows x {length} positions"
-            )
-
-    def update(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        t = k.shape[2]
-        if isinstance(self.pos, int):  # every row at the same position
-            end = self.pos + t
-            self.k[layer][:, :, self.pos : end] = k
-            self.v[layer][:, :, self.pos : end] = v
-            return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-        at = self.pos[:, None] + torch.arange(t, device=k.device)  # (B, T)
-        self.k[layer][self._rows, :, at] = k.transpose(1, 2)
-        self.v[layer][self._rows, :, at] = v.transpose(1, 2)
-        end = int(self.pos.max()) + t
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def advance(self, n: int) -> None:
-        self.pos = self.pos + n
+    context: tuple[int, ...]
+    length: int  # context + branches
+    requests: list[int] = field(default_factory=list)
 
 
 def score(
@@ -125,7 +71,7 @@ def score(
     here).
     """
     limit = model.config.max_seq_len
-    groups: dict[tuple[int, ...], list[int]] = {}
+    trees: dict[tuple[int, ...], list[_Tree]] = {}
     for i, (context, continuation) in enumerate(requests):
         if not context:
             raise LmforgeError(
@@ -138,82 +84,81 @@ def score(
                 f"model's {limit}-token context holds (+1, the last token is only predicted): "
                 "left-truncate its context"
             )
-        groups.setdefault(tuple(context), []).append(i)
+        key = tuple(context)
+        branch = max(len(continuation) - 1, 0)
+        row = trees.setdefault(key, [])
+        # A row holds at most two context windows, so attention per token stays bounded.
+        if not row or row[-1].length + branch > 2 * limit:
+            row.append(_Tree(key, len(key)))
+        row[-1].requests.append(i)
+        row[-1].length += branch
+    ordered = sorted((t for row in trees.values() for t in row), key=lambda t: -t.length)
     results: list[TokenScores | None] = [None] * len(requests)
-    ordered = sorted(groups.items(), key=lambda g: -len(g[0]))  # similar lengths batch together
-    longest = [max(len(requests[i][1]) for i in indices) for _, indices in ordered]
     with torch.inference_mode():
-        for batch in _batches(ordered, longest, batch_tokens, limit):
-            for i, scores in _score_batch(model, batch, requests, top_n):
+        for start, stop in _batches([t.length for t in ordered], batch_tokens):
+            for i, scores in _score_rows(model, ordered[start:stop], requests, top_n):
                 results[i] = scores
     return results  # type: ignore[return-value]
 
 
-def _batches(
-    groups: list[tuple[tuple[int, ...], list[int]]],
-    longest: list[int],
-    batch_tokens: int,
-    limit: int,
-) -> list[list[tuple[tuple[int, ...], list[int]]]]:
-    """Groups (longest context first) cut into batches of at most `batch_tokens` padded context
-    tokens, each within the context window when its longest context meets its longest
-    continuation (the padded positions still need rotary positions)."""
-    batches, current, width, tail = [], [], 0, 0
-    for group, cont in zip(groups, longest, strict=True):
-        if current and (
-            (len(current) + 1) * width > batch_tokens or width + max(tail, cont) - 1 > limit
-        ):
-            batches.append(current)
-            current = []
-        if not current:
-            width, tail = len(group[0]), 0
-        current.append(group)
-        tail = max(tail, cont)
-    return [*batches, current] if current else batches
+def _batches(lengths: list[int], batch_tokens: int) -> list[tuple[int, int]]:
+    """(start, stop) slices of rows, longest first, each at most `batch_tokens` padded tokens
+    (one row at least)."""
+    out, start = [], 0
+    while start < len(lengths):
+        width = lengths[start]
+        stop = start + max(1, batch_tokens // width)
+        out.append((start, min(stop, len(lengths))))
+        start = stop
+    return out
 
 
-def _score_batch(
+def _score_rows(
     model: Transformer,
-    groups: list[tuple[tuple[int, ...], list[int]]],
+    trees: list[_Tree],
     requests: Sequence[tuple[Sequence[int], Sequence[int]]],
     top_n: int,
 ) -> list[tuple[int, TokenScores]]:
     device = model.tok_embeddings.weight.device
-    lengths = [len(context) for context, _ in groups]
-    width = max(lengths)
-    ids = torch.zeros(len(groups), width, dtype=torch.long, device=device)
-    for row, (context, _) in enumerate(groups):
-        ids[row, : len(context)] = torch.tensor(context)
-    cache = RowCache.empty(model, len(groups), width)
-    last = torch.tensor(lengths, device=device) - 1
-    first_logprobs = model(ids, kv_cache=cache, logits_at=last)[:, 0].float().log_softmax(-1)
-
-    members = [(row, i) for row, (_, indices) in enumerate(groups) for i in indices]
-    # Continuations run longest first in chunks of similar length, so little is padding.
-    members.sort(key=lambda m: -len(requests[m[1]][1]))
+    width = max(t.length for t in trees)
+    ids = torch.zeros(len(trees), width, dtype=torch.long)
+    branches = torch.zeros(len(trees), width, dtype=torch.long)
+    segments = torch.zeros(len(trees), width, dtype=torch.long)
+    offsets: list[list[int]] = []  # where each request's branch starts, after its context
+    for row, tree in enumerate(trees):
+        c = len(tree.context)
+        ids[row, :c] = torch.tensor(tree.context)
+        at, starts = c, []
+        for branch, i in enumerate(tree.requests, start=1):
+            tail = list(requests[i][1][:-1])
+            ids[row, at : at + len(tail)] = torch.tensor(tail, dtype=torch.long)
+            branches[row, at : at + len(tail)] = branch
+            starts.append(at - c)
+            at += len(tail)
+        # padding: one-token documents of their own, so their positions stay in the window
+        segments[row, at:] = torch.arange(1, width - at + 1)
+        offsets.append(starts)
+    # Each row's predicting positions run from its context's last token to its end.
+    n = max(t.length - len(t.context) + 1 for t in trees)
+    first = torch.tensor([len(t.context) - 1 for t in trees])
+    logits_at = (first[:, None] + torch.arange(n)).clamp(max=width - 1)
+    logits = model(
+        ids.to(device),
+        logits_at=logits_at.to(device),
+        segments=segments.to(device),
+        branches=branches.to(device),
+    )
     out = []
-    for start in range(0, len(members), CONTINUATION_ROWS):
-        chunk = members[start : start + CONTINUATION_ROWS]
-        rest = len(requests[chunk[0][1]][1]) - 1
-        rest_logprobs = None
-        if rest > 0:
-            index = torch.tensor([row for row, _ in chunk], device=device)
-            rows = cache.rows(index, int(last[index].max()) + 1 + rest)
-            rows.pos = last[index] + 1
-            cont = torch.zeros(len(chunk), rest, dtype=torch.long, device=device)
-            for r, (_, i) in enumerate(chunk):
-                tail = list(requests[i][1][:-1])
-                cont[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
-            rest_logprobs = model(cont, kv_cache=rows).float().log_softmax(-1)
-        for r, (row, i) in enumerate(chunk):
+    for row, (tree, starts) in enumerate(zip(trees, offsets, strict=True)):
+        logprobs = logits[row].float().log_softmax(-1)
+        for i, offset in zip(tree.requests, starts, strict=True):
             continuation = list(requests[i][1])
             if not continuation:
                 out.append((i, TokenScores([], [], [] if top_n else None)))
                 continue
-            steps = [first_logprobs[row][None]]
-            if len(continuation) > 1:
-                steps.append(rest_logprobs[r, : len(continuation) - 1])
-            out.append((i, _token_scores(torch.cat(steps), continuation, top_n)))
+            rest = logprobs[1 + offset : offset + len(continuation)]
+            steps = torch.cat([logprobs[:1], rest])
+            out.append((i, _token_scores(steps, continuation, top_n)))
     return out
 
 

@@ -3,8 +3,11 @@
 Packed documents (segment ids) attend only inside themselves through `document_attention`, the
 one place that picks that kernel: SDPA with an explicit (B, 1, T, T) mask for short rows, and
 from DOCUMENT_FA2_MIN_SEQ tokens on the tiled FlashAttention-2 of kernels/flash_attention.py,
-whose memory grows with T rather than T². flex_attention is not used: on a CPU it has no
-backward in torch 2.13 ("FlexAttention does not support backward on CPU").
+whose memory grows with T rather than T². Branch ids inside a document make it a two-level
+tree: a shared trunk (branch 0, first) and branches that each see the trunk and themselves,
+as a multiple-choice question's context and its choices are scored in one row.
+flex_attention is not used: on a CPU it has no backward in torch 2.13 ("FlexAttention does not
+support backward on CPU").
 """
 
 from __future__ import annotations
@@ -28,17 +31,21 @@ DOCUMENT_FA2_MIN_SEQ = 2048
 
 
 def document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor,
+    branches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q, k, v (B, H or H_kv, T, D) inside each document of `segments`
-    (B, T), the document number of each position."""
-    if q.shape[-2] >= DOCUMENT_FA2_MIN_SEQ:
+    (B, T), the document number of each position, and inside each branch of `branches`."""
+    if q.shape[-2] >= DOCUMENT_FA2_MIN_SEQ and branches is None:
         from lmforge.kernels.flash_attention import flash_attention
 
         return flash_attention(q, k, v, is_causal=True, segment_ids=segments)
     gqa = q.shape[1] != k.shape[1]
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=document_mask(segments), enable_gqa=gqa
+        q, k, v, attn_mask=document_mask(segments, branches), enable_gqa=gqa
     )
 
 
@@ -48,16 +55,18 @@ def causal_attention(
     v: torch.Tensor,
     start: int | torch.Tensor = 0,
     segments: torch.Tensor | None = None,
+    branches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of T queries at positions start.. over keys at positions 0 .. start+T-1.
 
     q is (B, H, T, D); k, v are (B, H_kv, start+T, D) with H_kv dividing H. A LongTensor start
     (B,) gives each row its own position; keys past a row's own are then masked out.
     `segments` (B, T) numbers the documents packed in each row; each then attends only to
-    itself (`document_attention`).
+    itself, and `branches` (B, T) splits each into a trunk and its branches
+    (`document_attention`).
     """
     if segments is not None:
-        return document_attention(q, k, v, segments)
+        return document_attention(q, k, v, segments, branches)
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
     mask = None
@@ -77,22 +86,38 @@ def causal_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
-def document_mask(segments: torch.Tensor) -> torch.Tensor:
+def document_mask(segments: torch.Tensor, branches: torch.Tensor | None = None) -> torch.Tensor:
     """(B, 1, T, T): query i sees key j when j <= i and both lie in the same document of
-    `segments` (B, T), the document number of each position."""
+    `segments` (B, T), the document number of each position; with `branches` (B, T), key j
+    must also lie in the document's trunk (branch 0) or in query i's own branch."""
     t = segments.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool, device=segments.device).tril()
-    return (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
+    mask = causal & (segments[:, :, None] == segments[:, None, :])
+    if branches is not None:
+        mask &= (branches[:, None, :] == 0) | (branches[:, :, None] == branches[:, None, :])
+    return mask[:, None]
 
 
-def segment_positions(segments: torch.Tensor) -> torch.Tensor:
-    """(B, T): each position's offset from the start of its document, as if it were alone."""
+def segment_positions(segments: torch.Tensor, branches: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T): each position's offset from the start of its document, as if it were alone.
+
+    With `branches` (B, T), a branch's positions continue from the end of its document's trunk
+    (branch 0, which comes first in the document), as if the branch followed the trunk alone.
+    """
     t = segments.shape[1]
     index = torch.arange(t, device=segments.device).expand_as(segments)
-    starts = torch.ones_like(segments, dtype=torch.bool)
-    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return index - first
+    runs = segments if branches is None else segments * (int(branches.max()) + 1) + branches
+    starts = torch.ones_like(runs, dtype=torch.bool)
+    starts[:, 1:] = runs[:, 1:] != runs[:, :-1]
+    offsets = index - torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    if branches is None:
+        return offsets
+    trunk = (branches == 0).long()
+    seen = trunk.cumsum(dim=1)  # trunk tokens up to each position, this row's documents so far
+    doc_starts = torch.ones_like(starts)
+    doc_starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    before = torch.where(doc_starts, seen - trunk, torch.zeros_like(seen)).cummax(dim=1).values
+    return offsets + torch.where(trunk.bool(), 0, seen - before)
 
 
 def _one_query_attention(
@@ -140,6 +165,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         kv_cache: Cache | None = None,
         segments: torch.Tensor | None = None,
+        branches: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads
@@ -151,5 +177,5 @@ class Attention(nn.Module):
         if kv_cache is not None:
             start = kv_cache.pos
             k, v = kv_cache.update(self.layer_idx, k, v)
-        y = self.attend(q, k, v, start, segments)
+        y = self.attend(q, k, v, start, segments, branches)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))

@@ -39,8 +39,9 @@ class Block(nn.Module):
         sin: torch.Tensor,
         kv_cache: Cache | None = None,
         segments: torch.Tensor | None = None,
+        branches: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, segments)
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv_cache, segments, branches)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -73,21 +74,27 @@ class Transformer(nn.Module):
         logits_at: torch.Tensor | None = None,
         segments: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
+        branches: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids (B, T), continuing kv_cache if given.
 
         last_only computes logits for the last position alone (B, 1, vocab_size), as generation
         needs after a prefill; logits_at (B,) for one position of each row (B, 1, vocab_size),
-        as scoring right-padded rows needs. segments (B, T) numbers the documents packed in each
-        row: attention and positions then stay inside each document, so every one computes as
-        if it were alone (packed pretraining and conversations; with RoPE, restarting positions
-        changes nothing, since attention inside a document sees only relative offsets).
-        With targets (B, T) it returns their mean cross-entropy (-100: no loss) instead, from the
-        head and loss fused chunk by chunk, so the (B·T, vocab) logits never exist at once.
+        as scoring right-padded rows needs, or (B, N) for N positions of each (B, N, vocab_size).
+        segments (B, T) numbers the documents packed in each row: attention and positions then
+        stay inside each document, so every one computes as if it were alone (packed pretraining
+        and conversations; with RoPE, restarting positions changes nothing, since attention
+        inside a document sees only relative offsets). branches (B, T) makes each document a
+        trunk (branch 0, first) and branches that each continue it alone (`segment_positions`):
+        a row then holds a context and all its continuations. With targets (B, T) it returns
+        their mean cross-entropy (-100: no loss) instead, from the head and loss fused chunk by
+        chunk, so the (B·T, vocab) logits never exist at once.
         """
         b, t = ids.shape
         start = 0 if kv_cache is None else kv_cache.pos  # an int, or per-row LongTensor (B,)
-        if isinstance(start, int) and start + t > self.config.max_seq_len:
+        if branches is not None and segments is None:
+            segments = torch.zeros_like(branches)
+        if segments is None and isinstance(start, int) and start + t > self.config.max_seq_len:
             raise LmforgeError(
                 f"sequence of {start + t} tokens exceeds model.max_seq_len="
                 f"{self.config.max_seq_len}: pass shorter inputs or raise max_seq_len"
@@ -100,11 +107,12 @@ class Transformer(nn.Module):
         elif kv_cache is not None:
             raise LmforgeError("packed documents (segments) are for training: pass no kv_cache")
         else:
-            cos, sin = self.rope.at(segment_positions(segments))
+            cos, sin = self.rope.at(self._packed_positions(segments, branches))
         for layer in self.layers:
-            h = layer(h, cos, sin, kv_cache, segments)
+            h = layer(h, cos, sin, kv_cache, segments, branches)
         if logits_at is not None:
-            h = h[torch.arange(b, device=h.device), logits_at][:, None]
+            rows = torch.arange(b, device=h.device)[:, None]
+            h = h[rows, logits_at[:, None] if logits_at.dim() == 1 else logits_at]
         elif last_only:
             h = h[:, -1:]
         if targets is not None:
@@ -114,6 +122,21 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(t)  # only now: every layer wrote its K/V at the same position
         return logits
+
+    def _packed_positions(
+        self, segments: torch.Tensor, branches: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Each packed token's position in its own document; a row may be longer than the
+        context window (a context and its continuations), its documents' positions not."""
+        positions = segment_positions(segments, branches)
+        if segments.shape[1] > self.config.max_seq_len:
+            last = int(positions.max())
+            if last >= self.config.max_seq_len:
+                raise LmforgeError(
+                    f"a packed document reaches position {last}, past model.max_seq_len="
+                    f"{self.config.max_seq_len}: pack shorter documents"
+                )
+        return positions
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (every expert of a MoE); exclude_embeddings drops the input lookup

@@ -111,9 +111,11 @@ def _flash_attention(
     v: torch.Tensor,
     start: int | torch.Tensor = 0,
     segments: torch.Tensor | None = None,
+    branches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """causal_attention by the Triton FlashAttention-2 when the queries start at position 0
-    (its causal mask is aligned to the top-left corner); a KV cache's later ones by PyTorch."""
-    if isinstance(start, torch.Tensor) or start != 0:
-        return causal_attention(q, k, v, start, segments)
+    (its causal mask is aligned to the top-left corner); a KV cache's later ones, and branched
+    rows (scoring), by PyTorch."""
+    if isinstance(start, torch.Tensor) or start != 0 or branches is not None:
+        return causal_attention(q, k, v, start, segments, branches)
     return flash_attention(q, k, v, is_causal=True, segment_ids=segments)

@@ -82,3 +82,11 @@ def test_bad_requests_are_refused():
         score(m, [([], [1])])
     with pytest.raises(LmforgeError, match="left-truncate"):
         score(m, [(list(range(10)), list(range(8)))])
+
+
+def test_many_continuations_of_one_context_split_into_rows_of_two_windows():
+    m = model(max_seq_len=16)
+    context = list(range(1, 11))
+    reqs = [(context, [20 + j] * 6) for j in range(8)]  # 10 + 8 x 5 inputs: more than 2 x 16
+    for (ctx, continuation), got in zip(reqs, score(m, reqs), strict=True):
+        assert got.logprobs == pytest.approx(whole(m, ctx, continuation), abs=1e-5)
