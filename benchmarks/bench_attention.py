@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from lmforge.atomic import write_json
 from lmforge.device.peak import processor_name
 from lmforge.kernels.flash_attention import flash_attention
 
@@ -175,10 +175,7 @@ def main() -> None:
     path = RESULTS / "attention.json"
     if args.quick:  # a smoke test's numbers never replace the real ones
         path = Path(tempfile.gettempdir()) / "attention_quick.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, out)
     print(f"wrote {path}")
 
 

@@ -13,7 +13,6 @@ Target: masked tokens/s within 15 % of causal-only. Writes benchmarks/results/do
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lmforge.atomic import write_json
 from lmforge.config import small
 from lmforge.device.cpuinfo import cpu_class, read_cpuinfo
 from lmforge.model import Transformer
@@ -80,10 +80,7 @@ def main() -> None:
     info = read_cpuinfo()
     out = {"cpu": f"{info.model} ({cpu_class(info)})", "threads": torch.get_num_threads(),
            "batch": BATCH, "seq_len": SEQ, "reps": args.reps, "rows": rows}  # fmt: skip
-    RESULTS.parent.mkdir(exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(RESULTS)
+    write_json(RESULTS, out)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from lmforge.atomic import write_json
 from lmforge.config import small
 from lmforge.data import is_validation, stdlib_documents
 from lmforge.device.cpuinfo import read_cpuinfo
@@ -436,10 +437,7 @@ def main() -> None:
         "ratios": {shape: r["ratio"] for shape, r in results.items()},
         "targets_met": {shape: r["target_met"] for shape, r in results.items()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from lmforge.atomic import write_json
 from lmforge.kernels.linear_cross_entropy import default_chunk_size, linear_cross_entropy
 from lmforge.train.compose import keep_freed_memory
 
@@ -260,10 +261,7 @@ def main() -> None:
         "notes": notes,
     }
     path = RESULTS.with_name("fused_loss_quick.json") if args.quick else RESULTS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, out)
     print(f"wrote {path}")
 
 

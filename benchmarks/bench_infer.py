@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import statistics
@@ -44,6 +43,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch
 
+from lmforge.atomic import write_json
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.weights import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
@@ -278,10 +278,7 @@ def main() -> None:
             print(
                 f"  matvec floor {floor:.2f} ms/step, best layout {best:.2f}; same tokens: {same}"
             )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(RESULTS)
+    write_json(RESULTS, out)
     print(f"wrote {RESULTS}")
 
 

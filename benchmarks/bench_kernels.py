@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
 import platform
 import statistics
 import tempfile
@@ -44,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lmforge.atomic import write_json
 from lmforge.kernels.flash_attention import flash_attention as torch_flash_attention
 from lmforge.model.layers import RMSNorm
 
@@ -351,10 +350,7 @@ def main() -> None:
     path = RESULTS / ("kernels.json" if gpu else "kernels_cpu.json")
     if args.quick:
         path = Path(tempfile.gettempdir()) / path.name.replace(".json", "_quick.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, out)
     print(f"wrote {path}")
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import platform
 import statistics
@@ -44,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.atomic import write_json
 from lmforge.config import small
 from lmforge.device.cpuinfo import cpu_class, read_cpuinfo
 from lmforge.model import ModelConfig, Transformer
@@ -369,10 +369,7 @@ def main(argv: list[str] | None = None) -> None:
         "quality": quality,
         "wall_s": round(time.perf_counter() - began, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -33,6 +33,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch
 from bench_infer import NoSpecials, lmforge_run, rates
 
+from lmforge.atomic import write_json
 from lmforge.infer.engine import Engine
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.inference import quantized_bytes_read, weight_bytes_read
@@ -196,10 +197,7 @@ def main() -> None:
         print("| weights | bpb | Δ vs fp32 |")
         for label, row in q.items():
             print(f"| {label} | {row['bpb']:.4f} | {row['delta']:+.4f} |")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(RESULTS)
+    write_json(RESULTS, out)
     print(f"wrote {RESULTS}")
 
 

@@ -93,6 +93,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from lmforge.atomic import write_text
 from lmforge.device.cpuinfo import read_cpuinfo
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.model import ModelConfig, Transformer
@@ -775,10 +776,7 @@ def main() -> None:
         "rollouts": rollouts,
         "grpo": grpo,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    tmp.replace(args.out)
+    write_text(args.out, json.dumps(out, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")
 
 

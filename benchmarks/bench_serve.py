@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from lmforge.atomic import write_json
 from lmforge.infer.engine import Engine
 from lmforge.tokenizer.chat_template import ChatTemplate, Message
 from lmforge.train.checkpoint import load_checkpoint
@@ -251,33 +252,24 @@ def main() -> None:
             f"| {r['requests_per_s']:.2f} | {latency} | {ttft} "
             f"| {r['engine_tokens_per_s']:,.0f} | {r['server_vs_engine']:.2f} |"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "model": str(args.checkpoint or "random weights, small preset shape"),
-                "max_batch_size": MAX_BATCH,
-                "max_tokens": MAX_TOKENS,
-                "requests_per_level": args.requests,
-                "repetitions": args.reps,
-                "cpu": platform.processor() or platform.machine(),
-                "cores": os.cpu_count(),
-                "torch": torch.__version__,
-                "rows": rows,
-                "ratios": {
-                    **{
-                        f"clients_{r['clients']}_vs_1_tokens_per_s": r["vs_sequential"]
-                        for r in rows
-                    },
-                    **{f"server_vs_engine_{r['clients']}": r["server_vs_engine"] for r in rows},
-                },
+    write_json(
+        RESULTS,
+        {
+            "model": str(args.checkpoint or "random weights, small preset shape"),
+            "max_batch_size": MAX_BATCH,
+            "max_tokens": MAX_TOKENS,
+            "requests_per_level": args.requests,
+            "repetitions": args.reps,
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "rows": rows,
+            "ratios": {
+                **{f"clients_{r['clients']}_vs_1_tokens_per_s": r["vs_sequential"] for r in rows},
+                **{f"server_vs_engine_{r['clients']}": r["server_vs_engine"] for r in rows},
             },
-            indent=2,
-        )
-        + "\n"
+        },
     )
-    os.replace(tmp, RESULTS)
     print(f"wrote {RESULTS}")
 
 

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import lmforge.train.loop as loop  # noqa: E402
+from lmforge.atomic import write_json  # noqa: E402
 from lmforge.config import small  # noqa: E402
 from lmforge.prepare import prepare_corpus  # noqa: E402
 from lmforge.recipe.scaling import RULE_FILE, fit  # noqa: E402
@@ -108,10 +108,7 @@ def load_results() -> dict:
 
 
 def save_results(results: dict) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_name(RESULTS.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json(RESULTS, results, indent=1)
 
 
 def minutes(point: dict, timing: dict) -> float:

@@ -41,7 +41,7 @@ class ChatRecipe:
     sft_steps: int = 200  # about 2 epochs: the SFT model is right about 2 times in 3, greedy
     sft_lr: float = 1e-3
     rl: RlConfig = field(
-        default_factory=lambda: RlConfig(steps=60, eval_every=20, max_new_tokens=64)
+        default_factory=lambda: RlConfig(steps=100, eval_every=50, max_new_tokens=64)
     )
     seed: int = 0
 

@@ -8,7 +8,6 @@ composes them into a `RunConfig`, names the presets, and reads and writes them.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import sys
 import types
@@ -19,6 +18,7 @@ from typing import Any
 
 import tomli_w
 
+from lmforge.atomic import write_text
 from lmforge.config_ranges import check_ranges
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
@@ -315,11 +315,7 @@ def to_dict(cfg: RunConfig) -> dict:
 
 def save_toml(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config (None values are left out: they mean 'the default')."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(config_text(cfg))
-    os.replace(tmp, path)
+    write_text(path, config_text(cfg))
 
 
 def config_text(cfg: RunConfig) -> str:

@@ -11,11 +11,11 @@ is already there, so an interrupted run resumes where it stopped:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.atomic import write_json
 from lmforge.data import (
     DOC_SEPARATOR,
     Document,
@@ -147,7 +147,7 @@ def prepare_documents(data: DataConfig, out: Path) -> dict:
         **summary,
         "documents": {"train": n_train, "val": len(val)},
     }
-    _write_json(stats_path, stats)
+    write_json(stats_path, stats)
     drop_shards(out / "pipeline")
     judged = ", ".join(f"{n} by {name} rules" for name, n in summary["quality_profiles"].items())
     removed = sum(summary["quality_removed"].values())
@@ -199,12 +199,6 @@ def _first_bytes(texts: Iterator[str], limit: int) -> Iterator[str]:
             return
         total += len(text.encode("utf-8"))
         yield text
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def read_inputs(paths: list[str], separator: str = DOC_SEPARATOR) -> Iterator[Document]:

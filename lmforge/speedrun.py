@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lmforge.atomic import write_text
 from lmforge.config import RunConfig, claim_run_dir, config_text, to_dict
 from lmforge.device import load
 from lmforge.errors import LmforgeError
@@ -157,10 +158,7 @@ def _ready_marker(root: Path) -> Path:
 
 
 def _write_marker(marker: Path, state: str) -> None:
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(state)
-    os.replace(tmp, marker)
+    write_text(marker, state)
 
 
 def _drop_ready_marker(root: Path) -> None:
@@ -358,9 +356,7 @@ def _record_final_eval(metrics_path: Path, step: int, evaluation: dict) -> None:
             "final_eval_tokens": evaluation["tokens"],
         }
     )
-    tmp = metrics_path.with_name(metrics_path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, metrics_path)
+    write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def _shape(model: torch.nn.Module) -> str:

@@ -79,7 +79,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts-per-step", type=int, metavar="P", help="groups per step (16)")
     p.add_argument("--steps", type=int, help="GRPO steps (100)")
     p.add_argument("--minutes", type=float, help="a time budget (stops between steps)")
-    p.add_argument("--lr", type=float, help="peak learning rate (2e-5)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 2e-5 x 256 / d_model)")
     p.add_argument("--num-iterations", type=int, help="optimizer steps per rollout batch (1)")
     p.add_argument("--max-new-tokens", type=int, help="completion length cap (96)")
     p.add_argument("--temperature", type=float, help="sampling temperature (1.0)")

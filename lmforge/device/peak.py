@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.atomic import write_json
 from lmforge.device.cpuinfo import read_cpuinfo
 
 DTYPES = {
@@ -95,10 +96,7 @@ def cached(path: Path, key: str, measure: Callable[[], float]) -> float:
         cache = {}
     if key not in cache:
         cache[key] = measure()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_json(path, cache, indent=1)
     return float(cache[key])
 
 

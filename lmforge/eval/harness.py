@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
 
+from lmforge.atomic import write_text
 from lmforge.errors import LmforgeError
 from lmforge.eval.backend import EngineBackend
 from lmforge.eval.code_tasks import run_code_task
@@ -273,16 +273,10 @@ def write_results(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for result in results:
-        _write_atomic(
+        write_text(
             out / f"{result.task}.jsonl",
             "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.records),
         )
     summary = {**(header or {}), "tasks": [r.summary() for r in results]}
-    _write_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    write_text(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return out / "summary.json"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -15,7 +15,6 @@ together after a barrier and, on CUDA, ended by a device synchronisation.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from lmforge.atomic import write_json
 from lmforge.errors import LmforgeError
 
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
@@ -215,8 +215,4 @@ def _write_json(path: str | Path, results: list[Measurement], setup: Setup) -> N
         "bus_factor": {op: BUS_FACTORS[op](setup.world_size) for op in OPS},
         "results": [asdict(m) for m in results],
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json(path, record)

@@ -19,22 +19,22 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
+from lmforge.atomic import write_json
 from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.model.lora import apply_lora, count_trainable
 from lmforge.model.lora_spec import LoraSpec
 from lmforge.posttrain.grpo_loss import LossOptions, group_advantages, policy_loss, token_logprobs
-from lmforge.posttrain.rl_config import RlConfig
+from lmforge.posttrain.rl_config import RlConfig, width_scaled_lr
 from lmforge.posttrain.rollout import (
     Accuracy,
     Rollout,
@@ -53,7 +53,7 @@ from lmforge.train.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
-from lmforge.train.checkpoint_dir import list_checkpoints, resolve_checkpoint
+from lmforge.train.checkpoint_dir import list_checkpoints, read_model_config, resolve_checkpoint
 from lmforge.train.clip import clip_grad_norm
 from lmforge.train.metrics import MetricsLog
 from lmforge.train.optimizers import build_optimizer
@@ -249,6 +249,8 @@ def grpo(
     cfg.validate()
     out = Path(out_dir)
     base = resolve_checkpoint(checkpoint)
+    if not cfg.lr:
+        cfg = replace(cfg, lr=width_scaled_lr(read_model_config(base).d_model))
     record = {**asdict(cfg), "base": str(base), "lora": lora.to_dict() if lora else None}
     claim_run_dir(out, record, fresh)
     device = pick_device(cfg.device)
@@ -363,10 +365,7 @@ def claim_run_dir(out: Path, record: dict, fresh: bool) -> None:
                 f"{out} holds an rl run with other settings ({', '.join(differ[:4])}): pass "
                 "--fresh to start over there, or --out for a new run folder"
             )
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{CONFIG}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json(path, record)
 
 
 def _step_record(collected: Collected, trained: dict, train_seconds: float) -> dict:

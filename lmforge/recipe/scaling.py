@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from lmforge.atomic import write_json
 
 RULE_FILE = Path(__file__).with_name("scaling_rule.json")
 EXTRAPOLATION = 2.0
@@ -45,9 +46,7 @@ class ScalingRule:
         return self.E + self.A / params**self.alpha + self.B / tokens**self.beta
 
     def save(self, path: Path = RULE_FILE) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_json(path, asdict(self))
 
 
 def load_rule(path: Path = RULE_FILE) -> ScalingRule:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lmforge.atomic import write_json
 from lmforge.config import RunConfig
 from lmforge.model import ModelConfig
 from lmforge.parallel.world import world_size_from_env
@@ -77,9 +77,7 @@ class Sizing:
         )
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
-        os.replace(tmp, path)
+        write_json(path, asdict(self), indent=1)
 
     @classmethod
     def load(cls, path: Path) -> Sizing:

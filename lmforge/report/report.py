@@ -11,11 +11,11 @@ A run whose final evaluation does not beat the unigram baseline gets a warning l
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmforge.atomic import write_text
 from lmforge.report.plan_table import plan_vs_measured
 from lmforge.report.plots import plot_loss
 from lmforge.report.routing import routing_section
@@ -53,11 +53,7 @@ def write_report(run_dir: str | Path, data: ReportData) -> Path:
     plot = plot_loss(metrics, run_dir / "plots" / "loss.png", title=f"{data.name}: loss")
     plan = plan_vs_measured(data.config_toml, data.training, metrics)
     text = render(data, plot.relative_to(run_dir).as_posix(), plan, routing_section(metrics))
-    path = run_dir / "report.md"
-    tmp = path.with_name("report.md.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return write_text(run_dir / "report.md", text)
 
 
 def _cleaning(stats: dict) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmforge.atomic import write_json
 from lmforge.errors import LmforgeError
 
 META_FILE = "meta.json"
@@ -57,10 +58,7 @@ def write_shard(
 
 
 def write_meta(directory: str | Path, meta: ShardMeta) -> None:
-    path = Path(directory) / META_FILE
-    tmp = path.with_name(META_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json(Path(directory) / META_FILE, asdict(meta))
 
 
 def read_meta(directory: str | Path) -> ShardMeta:

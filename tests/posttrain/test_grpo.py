@@ -11,12 +11,13 @@ from lmforge.errors import LmforgeError
 from lmforge.infer.engine import SamplingParams
 from lmforge.posttrain.grpo import GroupSampler, PolicyTrainer, claim_run_dir, grpo
 from lmforge.posttrain.grpo_loss import token_logprobs
-from lmforge.posttrain.rl_config import RlConfig, with_settings
+from lmforge.posttrain.rl_config import RlConfig, width_scaled_lr, with_settings
 from lmforge.posttrain.rollout import RolloutEngine, batch_tensors, held_out_accuracy, paired_gain
 from lmforge.posttrain.tasks import get_task
 from lmforge.report.rl_report import write_rl_report
 from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import load_checkpoint
+from lmforge.train.checkpoint_dir import read_model_config
 from lmforge.train.metrics import read_metrics
 
 SMALL = RlConfig(
@@ -194,6 +195,16 @@ def test_the_command_writes_the_summary_and_report(base_checkpoint, tmp_path, ca
     report = (out / "report.md").read_text()
     assert "Held-out accuracy" in report and (out / "rl.png").stat().st_size > 1000
     assert write_rl_report(out) == out / "report.md"
+    width = read_model_config(base_checkpoint).d_model  # no --lr: scaled as 1/width
+    assert json.loads((out / "rl_config.json").read_text())["lr"] == 2e-5 * 256 / width
+
+
+def test_the_learning_rate_scales_as_one_over_width():
+    assert width_scaled_lr(256) == 2e-5
+    assert width_scaled_lr(128) == 2 * width_scaled_lr(256)
+    RlConfig(lr=0.0).validate()  # 0: scaled to the model
+    with pytest.raises(LmforgeError, match="at least 0"):
+        RlConfig(lr=-1.0).validate()
 
 
 def test_bad_settings_are_one_line_errors(base_checkpoint, tmp_path, capsys):

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from lmforge.atomic import write_text
 from lmforge.data.pipeline.registry import STEPS
 from lmforge.data.pipeline.step import GlobalStep
 from lmforge.data.pipeline.writers import read_shard_file, shard_name, write_shard
@@ -86,26 +87,15 @@ class Layout:
 
     def temp_files(self) -> list[Path]:
         """The temporary files a run may leave when killed mid-write (only names it writes)."""
-        names = ("shard_*.tmp", "pipeline.json.tmp", "stats.json.tmp", "summary.md.tmp")
+        names = ("shard_*.tmp", ".pipeline.json.*.tmp", ".stats.json.*.tmp", ".summary.md.*.tmp")
         found = [p for name in names for p in self.out.glob(name)]
         if self.work.is_dir():
             found += [p for p in self.work.rglob("*") if ".tmp" in p.name and p.is_file()]
         return sorted(set(found))
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` under a temporary name, renamed when complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_json(path: Path, obj: Any) -> None:
+    """`obj` as JSON, non-ASCII kept as is (what `atomic.write_json` would escape)."""
     write_text(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 
+from lmforge.atomic import write_text
 from lmforge.data.pipeline.config import PipelineConfig
-from lmforge.data.pipeline.plan import Layout, write_json, write_text
+from lmforge.data.pipeline.plan import Layout, write_json
 from lmforge.data.stats import StepStats
 from lmforge.errors import LmforgeError
 
