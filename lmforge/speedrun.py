@@ -212,7 +212,7 @@ def _calibrated(sizing: Sizing | None) -> float | None:
     """The chosen shape's tokens/s timed before training, when the run was sized."""
     if sizing is None:
         return None
-    return next(c.measured_tokens_per_s for c in sizing.candidates if c.shape == sizing.chosen)
+    return sizing.tokens_per_s
 
 
 def _evaluate_and_report(

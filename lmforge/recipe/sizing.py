@@ -4,6 +4,9 @@
 2. Predict each shape's final bits per byte from the scaling rule at the tokens its predicted
    speed fits in the budget; time the most promising few for real.
 3. Keep the timed shape with the lowest predicted bpb at its measured speed.
+4. If the budget holds fewer than MIN_STEPS optimizer steps of the configured batch, halve the
+   batch (not below MIN_BATCH) and time the chosen shape again at it: a short run gains more
+   from more steps than from larger ones (measured, README: the scaling sweep).
 
 Only shapes whose tokens stay within twice the sweep's longest run of them compete (the rule
 has not seen a smaller shape saturate beyond that; `ScalingRule.trusted`).
@@ -33,6 +36,8 @@ from lmforge.train.config import TrainConfig
 
 TIMED = 3  # shapes timed for real: the best few by prediction
 REFERENCE = "d256-l4"  # the shape timed first, whose FLOP rate predicts the others
+MIN_STEPS = 1000  # fewer steps than this in the budget: a smaller batch
+MIN_BATCH = 8  # at 2.5 min, batch 8 beat both 16 and 4 (README)
 
 
 @dataclass
@@ -58,12 +63,21 @@ class Sizing:
     tokens: int  # what the chosen shape's measured speed fits in the training minutes
     candidates: list[Candidate] = field(default_factory=list)
     threads: int | None = None  # the CPU threads the shapes were timed at, training's too
+    batch_size: int = 0  # sequences per step training uses (0: the configured batch)
+    batch_tokens_per_s: float | None = None  # the chosen shape timed at a reduced batch
+    batch_reason: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The chosen shape's measured speed at the batch it trains on."""
+        chosen = next(c for c in self.candidates if c.shape == self.chosen)
+        return self.batch_tokens_per_s or chosen.tokens_per_s
 
     @property
     def reason(self) -> str:
         timed = sorted(
             (c for c in self.candidates if c.bpb_at_measured is not None),
-            key=lambda c: c.bpb_at_measured,
+            key=lambda c: (c.shape != self.chosen, c.bpb_at_measured),
         )
         best, others = timed[0], timed[1:]
         rest = "; ".join(
@@ -72,8 +86,10 @@ class Sizing:
         return (
             f"{best.shape} ({best.params / 1e6:.1f}M parameters) has the lowest predicted "
             f"bpb, {best.bpb_at_measured:.3f}, for the {self.tokens / 1e6:.2f}M tokens "
-            f"{self.train_minutes:.1f} min hold at its measured {best.tokens_per_s:,.0f} "
-            f"tokens/s" + (f" (timed beside it: {rest})" if rest else "")
+            f"{self.train_minutes:.1f} min hold at its measured {self.tokens_per_s:,.0f} "
+            f"tokens/s"
+            + (f" (timed beside it: {rest})" if rest else "")
+            + (f"; {self.batch_reason}" if self.batch_reason else "")
         )
 
     def save(self, path: Path) -> None:
@@ -95,19 +111,20 @@ def choose_shape(
     base: ModelConfig,
     cfg: TrainConfig,
     budget_s: float,
-    seconds_per_step: Callable[[ModelConfig], float],
+    seconds_per_step: Callable[[ModelConfig, int], float],
     rule: ScalingRule | None = None,
     ladder: tuple[Shape, ...] = LADDER,
 ) -> Sizing:
-    """The ladder shape whose predicted final bpb in `budget_s` is lowest; `seconds_per_step`
-    times a model config's real training steps (recipe.timing, or a fake in tests)."""
+    """The ladder shape whose predicted final bpb in `budget_s` is lowest, and the batch it
+    trains on; `seconds_per_step(model_config, batch_size)` times real training steps
+    (recipe.timing, or a fake in tests)."""
     rule = rule or load_rule()
     started = time.monotonic()
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
     vocab = base.vocab_size
 
     def tokens_per_s(shape: Shape) -> float:
-        return tokens_per_step / seconds_per_step(shape.model_config(base))
+        return tokens_per_step / seconds_per_step(shape.model_config(base), cfg.batch_size)
 
     reference = next((s for s in ladder if s.name == REFERENCE), ladder[len(ladder) // 2])
     measured = {reference.name: tokens_per_s(reference)}
@@ -136,14 +153,29 @@ def choose_shape(
     timed = [c for c in candidates if c.bpb_at_measured is not None]
     eligible = [c for c in timed if _trusted(rule, c.shape, train_s * c.tokens_per_s)]
     best = min(eligible or timed, key=lambda c: c.bpb_at_measured)
-    return Sizing(
-        best.shape,
-        budget_s,
-        sizing_s,
-        train_s / 60,
-        int(train_s * best.tokens_per_s),
-        candidates,
-    )
+    steps = train_s * best.tokens_per_s / tokens_per_step
+    batch = batch_for_steps(cfg.batch_size, steps)
+    sizing = Sizing(best.shape, budget_s, sizing_s, train_s / 60, 0, candidates, None, batch)
+    if batch != cfg.batch_size:
+        model = next(s for s in ladder if s.name == best.shape).model_config(base)
+        step_tokens = tokens_per_step // cfg.batch_size * batch
+        sizing.batch_tokens_per_s = step_tokens / seconds_per_step(model, batch)
+        sizing.batch_reason = (
+            f"batches of {batch} sequences, not {cfg.batch_size}: at {cfg.batch_size} the "
+            f"budget holds {steps:,.0f} steps, under the {MIN_STEPS:,} a run should take"
+        )
+        sizing.sizing_s = time.monotonic() - started
+        sizing.train_minutes = max(budget_s - sizing.sizing_s, 0.0) / 60
+    sizing.tokens = int(sizing.train_minutes * 60 * sizing.tokens_per_s)
+    return sizing
+
+
+def batch_for_steps(batch_size: int, steps: float) -> int:
+    """The batch a run of `steps` steps of `batch_size` trains on instead: halved while the run
+    would take fewer than MIN_STEPS steps, never below MIN_BATCH."""
+    while steps < MIN_STEPS and batch_size // 2 >= MIN_BATCH:
+        batch_size, steps = batch_size // 2, steps * 2
+    return batch_size
 
 
 def _trusted(rule: ScalingRule, shape: str, tokens: float) -> bool:
@@ -157,8 +189,9 @@ def sized_model(base: ModelConfig, sizing: Sizing, ladder: tuple[Shape, ...] = L
 
 
 def sized_train(cfg: TrainConfig, sizing: Sizing) -> TrainConfig:
-    """`cfg` with the minutes the timing left."""
-    return dataclasses.replace(cfg, minutes=sizing.train_minutes, max_steps=0)
+    """`cfg` with the minutes the timing left, at the chosen batch."""
+    batch = sizing.batch_size or cfg.batch_size
+    return dataclasses.replace(cfg, minutes=sizing.train_minutes, max_steps=0, batch_size=batch)
 
 
 SIZING_FILE = "sizing.json"
@@ -190,7 +223,9 @@ def size_run(
             base,
             cfg.train,
             cfg.train.minutes * 60 - (time.monotonic() - started),
-            lambda model: timing.seconds_per_step(model, cfg.train, shard_dir, threads=count),
+            lambda model, batch: timing.seconds_per_step(
+                model, dataclasses.replace(cfg.train, batch_size=batch), shard_dir, threads=count
+            ),
         )
         sizing.budget_s, sizing.threads = cfg.train.minutes * 60, count
         sizing.sizing_s = time.monotonic() - started

@@ -9,7 +9,16 @@ from lmforge.config import load_config
 from lmforge.model import ModelConfig
 from lmforge.recipe.scaling import ScalingRule, fit, load_rule
 from lmforge.recipe.shapes import LADDER, shape
-from lmforge.recipe.sizing import Sizing, choose_shape, flops_per_token, sized_model
+from lmforge.recipe.sizing import (
+    MIN_BATCH,
+    MIN_STEPS,
+    Sizing,
+    batch_for_steps,
+    choose_shape,
+    flops_per_token,
+    sized_model,
+    sized_train,
+)
 from lmforge.train.config import TrainConfig
 
 BASE = ModelConfig(vocab_size=4096, max_seq_len=256)
@@ -36,11 +45,11 @@ def test_the_shipped_rule_prefers_more_tokens_and_more_parameters():
 def _timer(flop_rate: float, overhead_s: float = 0.0, timed: list | None = None):
     """A fake machine: a step costs its FLOPs at `flop_rate`, plus a fixed overhead."""
 
-    def seconds_per_step(model: ModelConfig) -> float:
+    def seconds_per_step(model: ModelConfig, batch_size: int) -> float:
         if timed is not None:
-            timed.append(model.d_model)
+            timed.append((model.d_model, batch_size))
         s = next(s for s in LADDER if s.d_model == model.d_model)
-        tokens = TRAIN.batch_size * TRAIN.seq_len
+        tokens = batch_size * TRAIN.seq_len
         return flops_per_token(s, BASE.vocab_size, TRAIN.seq_len) * tokens / flop_rate + overhead_s
 
     return seconds_per_step
@@ -61,9 +70,27 @@ def test_it_times_a_few_shapes_not_the_whole_ladder_and_says_why():
     timed = []
     sizing = choose_shape(BASE, TRAIN, 480, _timer(5e10, timed=timed), RULE)
     assert 1 <= len(timed) <= 4 and len(set(timed)) == len(timed)
+    assert {batch for _, batch in timed} == {TRAIN.batch_size}  # steps enough: batch kept
+    assert sizing.batch_size == TRAIN.batch_size and not sizing.batch_reason
     assert len(sizing.candidates) == len(LADDER)
     assert sizing.chosen in sizing.reason and "tokens/s" in sizing.reason
     assert sizing.train_minutes <= 8.0 and sizing.budget_s == 480
+
+
+def test_a_budget_of_few_steps_trains_on_smaller_batches_timed_again(tmp_path):
+    assert batch_for_steps(16, MIN_STEPS) == 16
+    assert batch_for_steps(16, MIN_STEPS / 2 - 1) == 8  # halved while steps fall short
+    assert batch_for_steps(64, MIN_STEPS / 5) == 8
+    assert batch_for_steps(16, 1) == MIN_BATCH and batch_for_steps(4, 1) == 4  # never below
+    timed = []
+    sizing = choose_shape(BASE, TRAIN, 30, _timer(5e10, timed=timed), RULE)
+    assert sizing.batch_size == 8 and "batches of 8 sequences, not 16" in sizing.reason
+    assert timed[-1] == (shape(sizing.chosen).d_model, 8)  # the chosen shape, timed at 8
+    assert sizing.tokens == int(sizing.batch_tokens_per_s * sizing.train_minutes * 60)
+    assert sized_train(TRAIN, sizing).batch_size == 8
+    sizing.save(tmp_path / "sizing.json")
+    again = Sizing.load(tmp_path / "sizing.json")
+    assert again == sizing and again.tokens_per_s == sizing.batch_tokens_per_s
 
 
 def test_overheads_the_flop_count_misses_are_measured_not_predicted():
