@@ -6,7 +6,7 @@
 3. Keep the timed shape with the lowest predicted bpb at its measured speed.
 4. If the budget holds fewer than MIN_STEPS optimizer steps of the configured batch, halve the
    batch (not below MIN_BATCH) and time the chosen shape again at it: a short run gains more
-   from more steps than from larger ones (measured, README: the scaling sweep).
+   from more steps than from larger ones (measured: README, How the speedrun sizes itself).
 
 Only shapes whose tokens stay within twice the sweep's longest run of them compete (the rule
 has not seen a smaller shape saturate beyond that; `ScalingRule.trusted`).
