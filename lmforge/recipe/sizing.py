@@ -155,7 +155,10 @@ def choose_shape(
     best = min(eligible or timed, key=lambda c: c.bpb_at_measured)
     steps = train_s * best.tokens_per_s / tokens_per_step
     batch = batch_for_steps(cfg.batch_size, steps)
-    sizing = Sizing(best.shape, budget_s, sizing_s, train_s / 60, 0, candidates, None, batch)
+    sizing = Sizing(
+        best.shape, budget_s, sizing_s, train_s / 60, tokens=0, candidates=candidates,
+        batch_size=batch,
+    )  # fmt: skip
     if batch != cfg.batch_size:
         model = next(s for s in ladder if s.name == best.shape).model_config(base)
         step_tokens = tokens_per_step // cfg.batch_size * batch
