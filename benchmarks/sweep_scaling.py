@@ -1,15 +1,17 @@
 """The scaling sweep behind the self-sizing recipe: every shape of the ladder trained for
-wall-clock budgets of 1 to 8 minutes on this machine, then the rule bpb(N, D) fitted on them.
+wall-clock budgets of 1 to 8 minutes on this machine (the shape the speedrun picks here, to 32),
+then the rule bpb(N, D) fitted on them.
 
     python benchmarks/sweep_scaling.py                 # the sweep, then the fit and the plot
     python benchmarks/sweep_scaling.py --fit-only      # refit and replot the saved points
 
 Each shape's step time is measured first on a quiet machine; a budget of M minutes is then the
 step count M minutes hold at that speed, so the points are in tokens and stay right if the
-machine gets busy later. One run per shape trains to its longest budget with the recipe's WSD
-schedule; each shorter budget branches from the checkpoint where its own decay would start
-(on the plateau the runs are identical, warmup included) and decays from there, so a shape
-costs its longest budget plus a fifth of the others. Writes
+machine gets busy later; a shape already in the record keeps the step time its points were
+swept with, so longer budgets extend the same step counts. One run per shape trains to its
+longest budget with the recipe's WSD schedule; each shorter budget branches from the checkpoint
+where its own decay would start (on the plateau the runs are identical, warmup included) and
+decays from there, so a shape costs its longest budget plus a fifth of the others. Writes
 benchmarks/results/scaling_sweep.json (the points), lmforge/recipe/scaling_rule.json (the
 rule) and benchmarks/results/scaling.png (the plot).
 """
@@ -192,8 +194,12 @@ def main() -> None:
         loop.save_checkpoint = functools.partial(save_checkpoint, keep_last=10**6)
         names = args.shapes.split(",")
         cfg = recipe_train_config(args.optimizer)
+        swept = {
+            q["shape"]: q["seconds_per_step"] for q in points if q["optimizer"] == args.optimizer
+        }
         speeds = {  # all timed first, while the machine is as quiet as it will be
-            name: seconds_per_step(shape_config(name, vocab), cfg, prepared.shard_dir, steps=4)
+            name: swept.get(name)
+            or seconds_per_step(shape_config(name, vocab), cfg, prepared.shard_dir, steps=4)
             for name in names
         }
         try:

@@ -1,18 +1,18 @@
-"""Loss-curve plots (matplotlib, headless)."""
+"""Loss-curve plots (matplotlib, headless; imported when a plot is drawn, not at start-up)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 
 def plot_loss(metrics: list[dict], path: str | Path, title: str = "loss") -> Path:
     """Training loss per step, with validation loss where it was measured, and beside them the
     task scores of `train.eval_tasks` (metrics named `task_<name>`) where there are any."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     train = [(m["step"], m["loss"]) for m in metrics if "loss" in m]

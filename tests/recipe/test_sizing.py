@@ -12,6 +12,8 @@ from lmforge.recipe.shapes import LADDER, shape
 from lmforge.recipe.sizing import (
     MIN_BATCH,
     MIN_STEPS,
+    SIZING_SHARE,
+    TIMED,
     Sizing,
     batch_for_steps,
     choose_shape,
@@ -75,6 +77,26 @@ def test_it_times_a_few_shapes_not_the_whole_ladder_and_says_why():
     assert len(sizing.candidates) == len(LADDER)
     assert sizing.chosen in sizing.reason and "tokens/s" in sizing.reason
     assert sizing.train_minutes <= 8.0 and sizing.budget_s == 480
+
+
+def test_timing_stops_adding_candidates_once_it_has_spent_its_share_of_the_budget():
+    def shapes_timed(budget_s: float, cost_s: float) -> tuple[Sizing, set]:
+        now, timed = [0.0], []
+        fake = _timer(5e10, timed=timed)
+
+        def seconds_per_step(model: ModelConfig, batch_size: int) -> float:
+            now[0] += cost_s  # each timing takes cost_s of the fake clock
+            return fake(model, batch_size)
+
+        sizing = choose_shape(BASE, TRAIN, budget_s, seconds_per_step, RULE, clock=lambda: now[0])
+        return sizing, {d for d, batch in timed if batch == TRAIN.batch_size}
+
+    _, roomy = shapes_timed(1800, cost_s=1.0)
+    assert len(roomy) >= TIMED  # the reference and the best few
+    tight, timed = shapes_timed(120, cost_s=SIZING_SHARE * 120)
+    assert len(timed) <= 2  # the reference, then the best predicted alone
+    best = min(tight.candidates, key=lambda c: c.predicted_bpb)
+    assert shape(best.shape).d_model in timed and shape(tight.chosen).d_model in timed
 
 
 def test_a_budget_of_few_steps_trains_on_smaller_batches_timed_again(tmp_path):
