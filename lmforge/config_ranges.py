@@ -70,6 +70,7 @@ RANGES: dict[str, Range] = {
     "train.beta2": FRACTION,
     "train.muon_lr": POSITIVE,
     "train.muon_momentum": FRACTION,
+    "train.embed_lr": NON_NEGATIVE,  # 0: lr
     "train.grad_clip": NON_NEGATIVE,  # 0: no clipping
     "train.eval_every": NON_NEGATIVE,  # 0: no periodic evaluation
     "train.eval_batches": AT_LEAST_1,

@@ -21,6 +21,7 @@ training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML fi
   optimizer=muon            Muon for the blocks' matrices, AdamW for the rest
   muon_lr=0.02              optimizer=muon: the matrices' peak learning rate
   muon_momentum=0.95        optimizer=muon: Nesterov momentum
+  embed_lr=0.1              the input embedding's AdamW peak learning rate (0: lr)
   max_bad_steps=N           stop after N non-finite steps in a row (default 25)
   loader=sequential         walk the shards in a seeded order instead of random windows
   checkpoint_every=N        also checkpoint every N steps (always at the end, on Ctrl-C

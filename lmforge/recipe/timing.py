@@ -36,7 +36,7 @@ class StepTimer:
                              cfg.compile)  # fmt: skip
         self.optimizer = build_optimizer(
             model, cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, cfg.fused_adamw,
-            cfg.optimizer, cfg.muon_lr, cfg.muon_momentum,
+            cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.embed_lr,
         )  # fmt: skip
         self.guard = NonFiniteGuard(self.device, cfg.max_bad_steps)
         self.batches = make_batches(cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed)

@@ -155,7 +155,15 @@ def load_training_state(
     with its shards) and RNGs; return (trainer_state, loader_state)."""
     checkpoint = Path(checkpoint)
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
+        saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+        try:
+            optimizer.load_state_dict(saved)
+        except ValueError as e:  # another grouping: train.optimizer or train.embed_lr changed
+            raise LmforgeError(
+                f"optimizer state in {checkpoint} does not fit this run's optimizer ({e}): "
+                "resume with the train.optimizer and train.embed_lr it was trained with, "
+                "or start over with --fresh"
+            ) from None
     state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
     _set_rng_state(state.pop("rng"))
     loader_state = json.loads((checkpoint / "loader_state.json").read_text())

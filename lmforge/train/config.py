@@ -47,6 +47,7 @@ class TrainConfig:
     optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
     muon_lr: float = 0.02  # optimizer=muon: the matrices' peak learning rate (lr: the rest's)
     muon_momentum: float = 0.95  # optimizer=muon: the matrices' (Nesterov) momentum
+    embed_lr: float = 0.0  # the input embedding's AdamW peak learning rate (0: lr)
     offload_optimizer: bool = False  # optimizer state and master weights on the CPU
     max_bad_steps: int = 25  # stop after this many non-finite steps in a row
     loader: str = "random"  # random | sequential

@@ -48,15 +48,15 @@ def build_parallel_optimizer(
     optimizer: str = "adamw",
     muon_lr: float = 0.02,
     muon_momentum: float = 0.95,
+    embed_lr: float = 0.0,
 ) -> torch.optim.Optimizer:
     """The optimizer one process would use (`optimizers.optimizer_choice`: PyTorch's fused AdamW,
     lmforge's, or Muon; all step DTensor shards and skip a bad step on the device), over the
     (possibly sharded) parameters; sharded itself by ZeRO-1 when asked."""
     from lmforge.parallel.data_parallel import build_zero1
 
-    cls, groups, extra = optimizer_choice(
-        model, world.device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum
-    )
+    choice = (fused, optimizer, muon_lr, muon_momentum, embed_lr)
+    cls, groups, extra = optimizer_choice(model, world.device, lr, weight_decay, *choice)
     if options.zero1 and world.layout.dp > 1:
         return build_zero1(groups, world.mesh["dp"], cls, lr=lr, betas=betas, **extra)
     return cls(groups, lr=lr, betas=betas, **extra)

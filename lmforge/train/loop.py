@@ -186,7 +186,7 @@ def _train(
         objective, cfg.kernels,
     )  # fmt: skip
     betas = (cfg.beta1, cfg.beta2)
-    choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum)
+    choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.embed_lr)
     if world is None:
         optimizer = build_optimizer(model, cfg.lr, betas, cfg.weight_decay, *choice)
     else:

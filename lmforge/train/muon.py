@@ -138,12 +138,13 @@ def _orthogonalised_shard(update: torch.Tensor, p: torch.Tensor, steps: int) -> 
 
 
 def muon_param_groups(
-    model: nn.Module, weight_decay: float, lr: float, muon_lr: float
+    model: nn.Module, weight_decay: float, lr: float, muon_lr: float, embed_lr: float = 0.0
 ) -> list[dict]:
     """Muon at `muon_lr` for the 2-D weights inside the blocks (`layers.*`: attention and MLP
     projections), AdamW at `lr` for the rest, as `optim.param_groups` splits it (output head
-    decayed; embeddings and gains not). The Muon group's `lr_scale` (muon_lr / lr) keeps the
-    ratio when the schedule sets every group's learning rate."""
+    decayed; embeddings and gains not; the input embedding at `embed_lr` where set). The Muon
+    group's `lr_scale` (muon_lr / lr) keeps the ratio when the schedule sets every group's
+    learning rate."""
     hidden = {
         id(p)
         for name, p in model.named_parameters()
@@ -151,7 +152,7 @@ def muon_param_groups(
     }
     groups = [
         {**g, "params": [p for p in g["params"] if id(p) not in hidden]}
-        for g in param_groups(model, weight_decay)
+        for g in param_groups(model, weight_decay, lr, embed_lr)
     ]
     matrices = [p for p in model.parameters() if id(p) in hidden]
     return [

@@ -85,19 +85,26 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(
+    model: nn.Module, weight_decay: float, lr: float = 0.0, embed_lr: float = 0.0
+) -> list[dict]:
     """Weight decay on 2-D weights except embeddings; none on gains and embeddings.
 
     A mixture of experts' stacked expert weights form a decayed group of their own, whatever
     the layout: expert parallelism makes them DTensor shards beside plain tensors (one fused
     step cannot take both), and checkpoints resume across layouts only with equal groups.
+    With `embed_lr` (above 0 and not `lr`), the input embedding is a group of its own at that
+    peak learning rate: its `lr_scale` (embed_lr / lr) keeps the ratio through the schedule.
     """
-    decay, experts, no_decay = [], [], []
+    own_embedding = embed_lr > 0 and embed_lr != lr
+    decay, experts, embedding, no_decay = [], [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if ".experts." in name:
             experts.append(p)
+        elif own_embedding and "tok_embeddings" in name:
+            embedding.append(p)
         elif p.dim() >= 2 and "embed" not in name:
             decay.append(p)
         else:
@@ -105,6 +112,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if experts:
         groups.append({"params": experts, "weight_decay": weight_decay})
+    if embedding:
+        scale = embed_lr / lr
+        groups.append({"params": embedding, "weight_decay": 0.0, "lr": embed_lr, "lr_scale": scale})
     return [*groups, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -20,17 +20,18 @@ def optimizer_choice(
     optimizer: str = "adamw",
     muon_lr: float = 0.02,
     muon_momentum: float = 0.95,
+    embed_lr: float = 0.0,
 ) -> tuple[type, list[dict], dict]:
     """The optimizer class for `optimizer` ("adamw": as `adamw_choice` picks it; "muon": Muon
     for the blocks' matrices, lmforge's AdamW for the rest), its parameter groups over `model`
-    and its extra keyword arguments."""
+    (the input embedding at `embed_lr` where set) and its extra keyword arguments."""
     if optimizer == "muon":
-        groups = muon_param_groups(model, weight_decay, lr, muon_lr)
+        groups = muon_param_groups(model, weight_decay, lr, muon_lr, embed_lr)
         return Muon, groups, {"momentum": muon_momentum}
     if optimizer != "adamw":
         raise ValueError(f"unknown optimizer {optimizer!r}: choose one of {OPTIMIZERS}")
     cls, extra = adamw_choice(device, fused)
-    return cls, param_groups(model, weight_decay), extra
+    return cls, param_groups(model, weight_decay, lr, embed_lr), extra
 
 
 def build_optimizer(
@@ -42,12 +43,13 @@ def build_optimizer(
     optimizer: str = "adamw",
     muon_lr: float = 0.02,
     muon_momentum: float = 0.95,
+    embed_lr: float = 0.0,
 ) -> torch.optim.Optimizer:
     """The optimizer `optimizer_choice` picks over `model`'s parameters (plain or DTensor
     shards). A group's `lr_scale`, where it has one, is what the schedule's learning rate is
     multiplied by for it (`train/step.py`)."""
     device = next(model.parameters()).device
     cls, groups, extra = optimizer_choice(
-        model, device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum
+        model, device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum, embed_lr
     )
     return cls(groups, lr=lr, betas=betas, **extra)

@@ -25,6 +25,9 @@ TRAIN = dict(
     device="cpu",
     collective_timeout_s=60.0,
 )
+MUON = {"optimizer": "muon", "embed_lr": 0.03}
+"""The speedrun's optimizer: Muon for the blocks' matrices, AdamW with the input embedding at
+ten times lr for the rest."""
 
 
 def free_port() -> int:
@@ -126,12 +129,12 @@ REFERENCES = {
     "accum": {"grad_accum_steps": 2},
     "bf16": {"precision": "bf16"},
     "unfused": {"fused_adamw": False},
-    "muon": {"optimizer": "muon"},
+    "muon": MUON,
 }
 EXTENDED = {
     "fp32_extended": {},
     "unfused_extended": {"fused_adamw": False},
-    "muon_extended": {"optimizer": "muon"},
+    "muon_extended": MUON,
 }
 """Runs trained to half the steps, then extended to all of them (a new schedule tail): what a
 checkpoint resumed at another layout must reproduce."""

@@ -21,6 +21,7 @@ from lmforge.errors import LmforgeError
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dcp import export_safetensors
 from lmforge.train.metrics import read_metrics
+from tests.parallel.conftest import MUON
 
 STRATEGIES = {  # name: (train.* of the 2-process run, reference, tolerance)
     "ddp": ({"parallel": "dp=2"}, "fp32", "fp32"),
@@ -47,7 +48,7 @@ STRATEGIES.update(
 # to orthogonalise it), against one process with Muon; "resharded_muon" below covers TP.
 STRATEGIES.update(
     {
-        f"{name}_muon": ({**STRATEGIES[name][0], "optimizer": "muon"}, "muon", "fp32")
+        f"{name}_muon": ({**STRATEGIES[name][0], **MUON}, "muon", "fp32")
         for name in ("ddp", "zero1", "fsdp")
     }
 )
@@ -69,7 +70,7 @@ def group(launcher, tmp_path_factory):
     unfused = {**base, "fused_adamw": False}
     runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, **half}})
     runs.append({"out": str(root / "resharded_unfused"), "train": {**unfused, "parallel": "tp=2"}})
-    muon = {**base, "optimizer": "muon"}
+    muon = {**base, **MUON}
     runs.append({"out": str(root / "resharded_muon"), "train": {**muon, **half}})
     runs.append({"out": str(root / "resharded_muon"), "train": {**muon, "parallel": "tp=2"}})
     zero1 = {**base, "parallel": "dp=2", "zero1": True}

@@ -187,6 +187,29 @@ def test_a_muon_run_resumes_exactly(prepared, tmp_path, monkeypatch):
     assert _losses(straight) == _losses(split)
 
 
+def test_the_schedule_keeps_the_embedding_at_its_multiple_of_lr(prepared, tmp_path, monkeypatch):
+    seen = []
+    real_step = Muon.step
+
+    def spy(self, *args, **kwargs):
+        seen.append([(g.get("muon", False), g["lr"]) for g in self.param_groups])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Muon, "step", spy)
+    train(MODEL, _cfg(embed_lr=0.3, muon_lr=0.05), prepared.shard_dir, tmp_path)
+    assert len(seen) == 4
+    for rates in seen:  # Muon's matrices, the head (decayed), the embedding, the gains
+        (muon, muon_lr), (_, head), (_, embedding), (_, gains) = rates
+        assert muon and head == gains and muon_lr == pytest.approx(5 * head)
+        assert embedding == pytest.approx(30 * head)
+
+
+def test_resuming_with_another_grouping_names_the_setting(prepared, tmp_path):
+    train(MODEL, _cfg(max_steps=2), prepared.shard_dir, tmp_path)
+    with pytest.raises(LmforgeError, match="resume with the train.optimizer and train.embed_lr"):
+        train(MODEL, _cfg(embed_lr=0.3), prepared.shard_dir, tmp_path)
+
+
 def test_muon_settings_are_checked_when_the_config_loads():
     from lmforge.config import load_config
 
@@ -198,3 +221,8 @@ def test_muon_settings_are_checked_when_the_config_loads():
         load_config("tiny", None, ["train.muon_lr=0"])
     with pytest.raises(LmforgeError, match=r"train.muon_momentum is 1.0: it must be in \[0, 1\)"):
         load_config("tiny", None, ["train.muon_momentum=1"])
+    with pytest.raises(LmforgeError, match="train.embed_lr is -1.0: it must be at least 0"):
+        load_config("tiny", None, ["train.embed_lr=-1"])
+    with pytest.raises(LmforgeError, match="set train.embed_lr=0 .* or untie them"):
+        load_config("tiny", None, ["train.embed_lr=0.1", "model.tie_embeddings=true"]).validate()
+    assert load_config("small", None, []).train.embed_lr == 0.1

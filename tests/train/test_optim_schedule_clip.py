@@ -67,6 +67,24 @@ def test_param_groups_decay_matrices_but_not_gains_or_embeddings():
     assert total == len(list(model.parameters()))
 
 
+@pytest.mark.parametrize("embed_lr", [0.0, 3e-3])
+def test_the_embedding_shares_the_no_decay_group_without_its_own_rate(embed_lr):
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2))
+    assert len(param_groups(model, 0.1, lr=3e-3, embed_lr=embed_lr)) == 2  # 0 or lr: no split
+
+
+def test_an_embedding_rate_gives_the_embedding_a_group_of_its_own():
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2))
+    decay, embedding, no_decay = param_groups(model, 0.1, lr=3e-3, embed_lr=0.1)
+    assert embedding["params"] == [model.tok_embeddings.weight]
+    assert embedding["weight_decay"] == 0.0 and embedding["lr"] == 0.1
+    assert embedding["lr_scale"] == pytest.approx(0.1 / 3e-3)
+    assert id(model.output.weight) in {id(p) for p in decay["params"]}
+    assert id(model.norm.weight) in {id(p) for p in no_decay["params"]}
+    groups = (decay, embedding, no_decay)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
 def test_schedule_warmup_peak_cosine_floor():
     kw = dict(max_lr=1.0, min_lr=0.1, warmup_steps=10, total_steps=110)
     assert lr_at(0, **kw) == pytest.approx(0.1)
