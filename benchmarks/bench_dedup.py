@@ -40,7 +40,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -51,6 +50,7 @@ import numpy as np  # noqa: E402
 import xxhash  # noqa: E402
 from datasketch import MinHash, MinHashLSH  # noqa: E402
 
+from lmforge.atomic import write_json  # noqa: E402
 from lmforge.data import stdlib_documents  # noqa: E402
 from lmforge.data.dedup import fast_text_hash, normalize  # noqa: E402
 from lmforge.data.lsh import LSHIndex  # noqa: E402
@@ -363,12 +363,11 @@ def write_normalization(recall: dict, args: argparse.Namespace) -> None:
         "datasketch": datasketch.__version__,
     }
     payload = {"benchmark": "dedup_normalization", "setup": setup, **recall}
-    NORMALIZATION_RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    write_json(NORMALIZATION_RESULTS, payload)
     print(f"wrote {NORMALIZATION_RESULTS}")
 
 
 def write(results: dict, exact: dict, args: argparse.Namespace) -> None:
-    args.results.parent.mkdir(parents=True, exist_ok=True)
     setup = {
         "num_perm": NUM_PERM,
         "ngram": NGRAM,
@@ -384,7 +383,7 @@ def write(results: dict, exact: dict, args: argparse.Namespace) -> None:
         "xxhash": xxhash.VERSION,
     }
     payload = {"benchmark": "dedup", "setup": setup, "near_duplicates": results, "exact": exact}
-    args.results.write_text(json.dumps(payload, indent=2) + "\n")
+    write_json(args.results, payload)
     print(f"wrote {args.results}")
 
 

@@ -13,7 +13,6 @@ loader's most expensive configuration. Prints a table and writes benchmarks/resu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lmforge.atomic import write_json
 from lmforge.model import ModelConfig, Transformer
 from lmforge.tokens import DataSource, ShardMeta, TokenLoader, token_dtype, write_meta, write_shard
 
@@ -142,32 +142,28 @@ def main() -> None:
         f"prefetch {summary['prefetch']['iteration_ms'] / base:.3f}x (reference varies "
         f"{100 * spread:.0f}% between repetitions; smaller differences are noise)"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "loader",
-                "setup": {
-                    "model": "small preset shape: d_model 256, 4 layers, 4 heads, vocab 4096",
-                    "batch_size": BATCH,
-                    "seq_len": SEQ,
-                    "datasets": "2 synthetic shards (4M, 2M tokens) blended 0.7/0.3, segments on",
-                    "steps": args.steps,
-                    "reps": args.reps,
-                    "torch_threads": torch.get_num_threads(),
-                    "cpus": os.cpu_count(),
-                    "machine": platform.processor() or platform.machine(),
-                    "torch": torch.__version__,
-                },
-                "loader_alone_ms": alone_ms,
-                "reference_spread": spread,
-                "summary": summary,
-                "runs": runs,
-                "target_share": TARGET_SHARE,
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "loader",
+            "setup": {
+                "model": "small preset shape: d_model 256, 4 layers, 4 heads, vocab 4096",
+                "batch_size": BATCH,
+                "seq_len": SEQ,
+                "datasets": "2 synthetic shards (4M, 2M tokens) blended 0.7/0.3, segments on",
+                "steps": args.steps,
+                "reps": args.reps,
+                "torch_threads": torch.get_num_threads(),
+                "cpus": os.cpu_count(),
+                "machine": platform.processor() or platform.machine(),
+                "torch": torch.__version__,
             },
-            indent=2,
-        )
-        + "\n"
+            "loader_alone_ms": alone_ms,
+            "reference_spread": spread,
+            "summary": summary,
+            "runs": runs,
+            "target_share": TARGET_SHARE,
+        },
     )
     print(f"wrote {RESULTS}")
 

@@ -155,12 +155,15 @@ def test_a_half_run_counts_only_where_it_ran():
         return {"recipe": recipe, "rep": rep, "eval": {"bpb": bpb}, "params": 1, "tokens": 1,
                 "steps": 1, "wall_s": 1.0}  # fmt: skip
 
-    runs = [run("nanoGPT", 1, 2.0), run("nanochat", 1, 2.1), run("lmforge", 1, 1.8),
-            run("lmforge_half", 1, 1.95)]  # fmt: skip
+    half = {**run("lmforge_half", 1, 1.95), "clock_s": 0.5}  # half of nanoGPT's clock
+    runs = [run("nanoGPT", 1, 2.0), run("nanochat", 1, 2.1), run("lmforge", 1, 1.8), half]
     assert not bench_recipe._beat(runs, "nanochat", "nanoGPT", 1)
     summary, targets = bench_recipe.summarize(runs)
     assert summary["nanochat"]["half_reaches_nanogpt"] == [False]
     assert targets["lmforge_lowest_bpb"] and targets["lmforge_half_reaches_nanogpt"]
+    assert targets["lmforge_half_clock_within_half"]
+    half["clock_s"] = 0.55  # reached nanoGPT's bpb, but on more than half its time
+    assert not bench_recipe.summarize(runs)[1]["lmforge_half_clock_within_half"]
 
 
 def test_train_within_fixes_the_step_count_from_timed_steps():

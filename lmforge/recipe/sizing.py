@@ -62,7 +62,7 @@ class Candidate:
 class Sizing:
     chosen: str
     budget_s: float
-    sizing_s: float  # spent timing shapes, out of the budget
+    sizing_s: float  # spent before training (start-up, timing shapes), out of the budget
     train_minutes: float
     tokens: int  # what the chosen shape's measured speed fits in the training minutes
     candidates: list[Candidate] = field(default_factory=list)
@@ -199,22 +199,28 @@ def sized_model(base: ModelConfig, sizing: Sizing, ladder: tuple[Shape, ...] = L
 
 
 def sized_train(cfg: TrainConfig, sizing: Sizing) -> TrainConfig:
-    """`cfg` with the minutes the timing left, at the chosen batch."""
-    batch = sizing.batch_size or cfg.batch_size
-    return dataclasses.replace(cfg, minutes=sizing.train_minutes, max_steps=0, batch_size=batch)
+    """`cfg` at the chosen batch. Its minutes stay the whole budget: training counts them from
+    the budget's start (`size_run`'s `started`), so the timing's share is already spent."""
+    return dataclasses.replace(cfg, max_steps=0, batch_size=sizing.batch_size or cfg.batch_size)
 
 
 SIZING_FILE = "sizing.json"
 
 
 def size_run(
-    cfg: RunConfig, shard_dir: str | Path, out: Path, threads: int | None = None
+    cfg: RunConfig,
+    shard_dir: str | Path,
+    out: Path,
+    threads: int | None = None,
+    started: float | None = None,
 ) -> tuple[RunConfig, Sizing | None]:
     """`cfg` at the shape its budget buys (a `size_to_budget` run with a time budget, on one
     process), deciding once per run folder: a resumed run reads `sizing.json` back.
 
     Shapes are timed at `threads` CPU threads, else at the count a thread trial on the
-    reference shape finds fastest (left set: training then uses it, see `Sizing.threads`)."""
+    reference shape finds fastest (left set: training then uses it, see `Sizing.threads`).
+    The budget began at `started` (a `time.perf_counter()` reading; default: now), so the
+    start-up before the sizing counts in `Sizing.sizing_s` with the timing."""
     if not cfg.size_to_budget or cfg.train.max_steps or world_size_from_env() > 1:
         return cfg, None
     from lmforge.recipe import timing  # imports torch
@@ -224,7 +230,7 @@ def size_run(
     sizing = Sizing.load(path) if path.is_file() else None
     if sizing is None or sizing.budget_s != cfg.train.minutes * 60:
         print(f"sizing: timing candidate shapes for a {cfg.train.minutes:g} min budget")
-        started = time.monotonic()
+        started = time.perf_counter() if started is None else started
         reference = next(s for s in LADDER if s.name == REFERENCE).model_config(base)
         if threads is None and cfg.train.device in ("auto", "cpu"):
             print(f"sizing: threads {timing.choose_threads(reference, cfg.train, shard_dir)}")
@@ -232,13 +238,13 @@ def size_run(
         sizing = choose_shape(
             base,
             cfg.train,
-            cfg.train.minutes * 60 - (time.monotonic() - started),
+            cfg.train.minutes * 60 - (time.perf_counter() - started),
             lambda model, batch: timing.seconds_per_step(
                 model, dataclasses.replace(cfg.train, batch_size=batch), shard_dir, threads=count
             ),
         )
         sizing.budget_s, sizing.threads = cfg.train.minutes * 60, count
-        sizing.sizing_s = time.monotonic() - started
+        sizing.sizing_s = time.perf_counter() - started
         sizing.save(path)
     print(f"sizing: {sizing.reason}")
     sized = dataclasses.replace(

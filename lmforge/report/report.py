@@ -156,7 +156,7 @@ def _sizing(sizing: dict | None) -> list[str]:
         "",
         f"Chosen: {sizing['chosen']}. Why: {sizing['reason']}.",
         "",
-        f"Timing the candidates took {sizing['sizing_s']:.0f} s of the "
+        f"Start-up and timing the candidates took {sizing['sizing_s']:.0f} s of the "
         f"{sizing['budget_s'] / 60:g} min budget; training had {sizing['train_minutes']:.2f} min.",
         "",
         "| shape | parameters | predicted tokens/s | measured tokens/s | predicted bpb |",

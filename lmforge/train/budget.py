@@ -52,13 +52,12 @@ def steps_in_budget(
     cfg: TrainConfig, per_step: float, remaining_s: float, step: int, eval_s: float | None = None
 ) -> int:
     """Total steps that fit the remaining budget at `per_step` seconds, counting the periodic
-    validations (`eval_s` each where measured, else a forward pass ≈ 1/3 of a step per batch)."""
-    evals = 0.0
-    if cfg.eval_every:
-        if eval_s is None:
-            eval_s = cfg.eval_batches * per_step / (3 * cfg.grad_accum_steps)
-        evals = eval_s / cfg.eval_every
-    return step + max(1, int(remaining_s / (per_step + evals)))
+    validations and the closing one that ends every run (`eval_s` each where measured, else a
+    forward pass ≈ 1/3 of a step per batch)."""
+    if eval_s is None:
+        eval_s = cfg.eval_batches * per_step / (3 * cfg.grad_accum_steps)
+    evals = eval_s / cfg.eval_every if cfg.eval_every else 0.0
+    return step + max(1, int((remaining_s - eval_s) / (per_step + evals)))
 
 
 def refit(

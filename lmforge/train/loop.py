@@ -97,6 +97,7 @@ def train(
     threads: int | None = None,
     score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
     init_model: Callable[[Transformer], None] | None = None,
+    started: float | None = None,
 ) -> TrainResult:
     """Train on `data`: a token shard folder (its `train` shard, validating on its `val` shard)
     or another TrainingData (train/data.py), such as post-training's conversations.
@@ -110,7 +111,9 @@ def train(
     `train.eval_tasks`) scores the model on tasks at each validation, logged as `task_<name>`.
     `init_model` prepares the new fp32 model before anything else sees it (fine-tuning loads
     its base weights there and may add LoRA adapters); a resumed run then loads its checkpoint
-    over it.
+    over it. `started`, a `time.perf_counter()` reading, is when this session's time budget
+    (`cfg.minutes`) began: by default when its first step starts; `lmforge train` passes its
+    own start, so that start-up and sizing are inside the budget.
     """
     cfg.validate()
     given = requested_threads(threads)
@@ -130,6 +133,7 @@ def train(
                 given,
                 score_tasks,
                 init_model,
+                started,
             )
     finally:
         torch.set_num_threads(previous_threads)
@@ -147,6 +151,7 @@ def _train(
     given_threads: tuple[int | None, str],
     score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
     init_model: Callable[[Transformer], None] | None = None,
+    started: float | None = None,
 ) -> TrainResult:
     out_dir = Path(out_dir)
     if score_tasks is not None and world is not None:
@@ -252,9 +257,9 @@ def _train(
         threads_source = "" if trial.chosen is None else "torch's default"
 
     flops_per_token = model.flops_per_token(cfg.seq_len)
-    peak = peak_flops(device, precision.matmul)  # measured once per machine, before the clock
+    peak = peak_flops(device, precision.matmul)  # measured once per machine, then cached
     loader_state = batches.state_dict()  # as of the last completed step: what a checkpoint saves
-    session_start = time.perf_counter()
+    session_start = time.perf_counter() if started is None else started
 
     def elapsed() -> float:
         return prior_seconds + time.perf_counter() - session_start

@@ -9,6 +9,7 @@ import torch
 import lmforge.train.loop as loop
 from lmforge.model import ModelConfig
 from lmforge.train import TrainConfig, train
+from lmforge.train.budget import steps_in_budget
 from lmforge.train.metrics import read_metrics
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
@@ -69,3 +70,25 @@ def test_a_resumed_budgeted_run_repeats_the_schedule_it_saved(prepared, tmp_path
 
     schedule = Schedule(1e-3, 0.0, 50, "wsd", 0.05, 0.2, [tuple(p) for p in saved["plans"]])
     assert all(schedule.lr(step - 1) == pytest.approx(lr) for step, lr in lrs.items())
+
+
+def test_the_budget_counts_from_when_it_started(prepared, tmp_path, monkeypatch):
+    """`started` is the budget's start: what ran before the loop (`lmforge train`'s start-up and
+    the sizing) has spent its share, so the loop trains for what is left."""
+    monkeypatch.setattr(loop, "time", SlowingClock(tick=0.05, slow_from=10**9, factor=1.0))
+    whole = train(MODEL, _cfg(minutes=0.1), prepared.shard_dir, tmp_path / "a", threads=1)
+    monkeypatch.setattr(loop, "time", SlowingClock(tick=0.05, slow_from=10**9, factor=1.0))
+    half = train(MODEL, _cfg(minutes=0.1), prepared.shard_dir, tmp_path / "b", threads=1,
+                 started=-3.0)  # fmt: skip
+    assert 0.35 * whole.step < half.step < 0.65 * whole.step  # 3 of the 6 s were spent before
+    assert 3.0 < half.seconds <= 6.0 * 1.15
+
+
+def test_the_step_count_leaves_time_for_the_closing_validation():
+    closing = TrainConfig(eval_every=0, eval_batches=4)
+    assert steps_in_budget(closing, per_step=1.0, remaining_s=100, step=0, eval_s=10.0) == 90
+    assert steps_in_budget(closing, per_step=1.0, remaining_s=5, step=7, eval_s=10.0) == 8
+    periodic = TrainConfig(eval_every=10, eval_batches=4)  # 1 s each, one per 10 steps and 1 more
+    assert steps_in_budget(periodic, per_step=1.0, remaining_s=100.5, step=0, eval_s=1.0) == 90
+    estimated = TrainConfig(eval_every=0, eval_batches=30)  # a forward ≈ 1/3 step per batch
+    assert steps_in_budget(estimated, per_step=1.0, remaining_s=100, step=5) == 5 + 90
