@@ -112,7 +112,7 @@ def train(
     `init_model` prepares the new fp32 model before anything else sees it (fine-tuning loads
     its base weights there and may add LoRA adapters); a resumed run then loads its checkpoint
     over it. `started`, a `time.perf_counter()` reading, is when this session's time budget
-    (`cfg.minutes`) began: by default when its first step starts; `lmforge train` passes its
+    (`cfg.minutes`) began: by default just before its first step; `lmforge train` passes its
     own start, so that start-up and sizing are inside the budget.
     """
     cfg.validate()
