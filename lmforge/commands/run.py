@@ -61,7 +61,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     add_doc_separator_option(p)
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides the time budget)")
-    p.add_argument("--minutes", type=float, help="training time budget")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        help="time budget of the whole command: start-up, sizing, training and the closing "
+        "validation (the one-off data preparation aside)",
+    )
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--device", help="cpu, cuda, mps or auto")
     p.add_argument(
