@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmforge.budget_clock import BudgetClock
 from lmforge.device import pick_device
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
@@ -97,7 +98,7 @@ def train(
     threads: int | None = None,
     score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
     init_model: Callable[[Transformer], None] | None = None,
-    started: float | None = None,
+    clock: BudgetClock | None = None,
 ) -> TrainResult:
     """Train on `data`: a token shard folder (its `train` shard, validating on its `val` shard)
     or another TrainingData (train/data.py), such as post-training's conversations.
@@ -111,9 +112,9 @@ def train(
     `train.eval_tasks`) scores the model on tasks at each validation, logged as `task_<name>`.
     `init_model` prepares the new fp32 model before anything else sees it (fine-tuning loads
     its base weights there and may add LoRA adapters); a resumed run then loads its checkpoint
-    over it. `started`, a `time.perf_counter()` reading, is when this session's time budget
-    (`cfg.minutes`) began: by default just before its first step; `lmforge train` passes its
-    own start, so that start-up and sizing are inside the budget.
+    over it. `clock` is the command's budget clock (`cfg.minutes` is spent on it): by default one
+    started just before the first step; `lmforge train` passes its own, started with the
+    command, so that start-up and sizing are inside the budget.
     """
     cfg.validate()
     given = requested_threads(threads)
@@ -133,7 +134,7 @@ def train(
                 given,
                 score_tasks,
                 init_model,
-                started,
+                clock,
             )
     finally:
         torch.set_num_threads(previous_threads)
@@ -151,7 +152,7 @@ def _train(
     given_threads: tuple[int | None, str],
     score_tasks: Callable[[nn.Module], dict[str, float]] | None = None,
     init_model: Callable[[Transformer], None] | None = None,
-    started: float | None = None,
+    clock: BudgetClock | None = None,
 ) -> TrainResult:
     out_dir = Path(out_dir)
     if score_tasks is not None and world is not None:
@@ -259,10 +260,9 @@ def _train(
     flops_per_token = model.flops_per_token(cfg.seq_len)
     peak = peak_flops(device, precision.matmul)  # measured once per machine, then cached
     loader_state = batches.state_dict()  # as of the last completed step: what a checkpoint saves
-    session_start = time.perf_counter() if started is None else started
-
-    def elapsed() -> float:
-        return prior_seconds + time.perf_counter() - session_start
+    clock = clock or BudgetClock()
+    clock.resumed_from(prior_seconds)
+    elapsed = clock.elapsed
 
     def run_eval(leave: bool = False) -> EvalResult:
         evaluator = composed.evaluator or composed.compute
