@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lmforge.atomic import write_text
+from lmforge.budget_clock import BudgetClock
 from lmforge.config import RunConfig, claim_run_dir, config_text, to_dict
 from lmforge.device import load
 from lmforge.errors import LmforgeError
@@ -62,31 +63,30 @@ def pretrain(
     fresh: bool = False,
     shard_dir: str | Path | None = None,
     threads: int | None = None,
-    started: float | None = None,
+    clock: BudgetClock | None = None,
 ) -> tuple[TrainResult, Prepared | None]:
     """Train into `out_dir` on `shard_dir`, or on `cfg.data` prepared first.
 
     Data named by path is prepared inside the run folder; the built-in corpus is prepared once
     into a cache shared by runs with the same data and tokenizer settings; under torchrun rank 0
     prepares it while the others wait (`prepare_once`). `threads` as for `train`.
-    The time budget counts from `started` (a `time.perf_counter()` reading; default: now), less
-    the data preparation, which is done once and cached: sizing, training and the closing
+    The time budget is spent on `clock` (the command's; default: one started now), less the
+    data preparation, which is done once and cached: sizing, training and the closing
     validation all spend it.
     """
-    started = time.perf_counter() if started is None else started
+    clock = clock or BudgetClock()
     out = Path(out_dir)
     cfg.validate()
     requested_threads(threads)  # a bad count fails before any work
     prepared = None
     if shard_dir is None:
         root = out if cfg.data.path else cache_root(cfg)
-        preparing = time.perf_counter()
-        prepared = prepare_once(cfg, out, fresh, root)
-        started += time.perf_counter() - preparing
+        with clock.excluded():
+            prepared = prepare_once(cfg, out, fresh, root)
         shard_dir = prepared.shard_dir
     elif _rank() == 0:  # under torchrun, rank 0 alone claims the folder
         claim_run_dir(cfg, out, fresh)
-    cfg, sizing = size_run(cfg, shard_dir, out, requested_threads(threads)[0], started)
+    cfg, sizing = size_run(cfg, shard_dir, out, requested_threads(threads)[0], clock)
     threads = threads or (sizing.threads if sizing else None)
     documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
     run_config = {**to_dict(cfg), TRAINED_ON: data_record(shard_dir, documents)}
@@ -98,7 +98,7 @@ def pretrain(
         run_config=run_config,
         threads=threads,
         score_tasks=_task_scorer(cfg, documents, shard_dir),
-        started=started,
+        clock=clock,
     )
     if prepared is not None:
         _drop_ready_marker(prepared.root)  # every rank read it: they all trained together
@@ -187,8 +187,8 @@ def speedrun(
     cfg.validate()
     requested_threads(threads)
     prepared = prepare_once(cfg, out, fresh, out)
-    started = time.perf_counter()  # the training budget's start: sizing spends it too
-    cfg, sizing = size_run(cfg, prepared.shard_dir, out, requested_threads(threads)[0], started)
+    clock = BudgetClock()  # the training budget's start: sizing spends it too
+    cfg, sizing = size_run(cfg, prepared.shard_dir, out, requested_threads(threads)[0], clock)
     trained_on = data_record(prepared.shard_dir, cfg.data.path or "stdlib")
     run_config = {**to_dict(cfg), TRAINED_ON: trained_on}
     before = load.sample()
@@ -201,7 +201,7 @@ def speedrun(
         run_config=run_config,
         threads=threads,
         score_tasks=_task_scorer(cfg, cfg.data.path or "stdlib", prepared.shard_dir),
-        started=started,
+        clock=clock,
     )
     machine_load = {
         "calibrated_tokens_per_s": _calibrated(sizing),

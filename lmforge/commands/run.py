@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from lmforge.run_flags import (
@@ -106,7 +105,9 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    started = time.perf_counter()  # the time budget holds the command's start-up too
+    from lmforge.budget_clock import BudgetClock
+
+    clock = BudgetClock()  # the time budget holds the command's start-up too
     cfg = run_config(args)  # a bad config is reported before torch is imported
 
     from lmforge.speedrun import pretrain
@@ -117,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.data:
         cfg = with_data(cfg, args.data)
     out = args.out or Path("runs") / cfg.name
-    result, _ = pretrain(cfg, out, args.fresh, shard_dir, threads=args.threads, started=started)
+    result, _ = pretrain(cfg, out, args.fresh, shard_dir, threads=args.threads, clock=clock)
     rank_zero = int(os.environ.get("RANK", "0")) == 0
     if result.interrupted:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143, so `&&` stops
         from lmforge.train.signals import exit_status, stopped_message

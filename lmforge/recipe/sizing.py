@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lmforge.atomic import write_json
+from lmforge.budget_clock import BudgetClock
 from lmforge.config import RunConfig
 from lmforge.model import ModelConfig
 from lmforge.parallel.world import world_size_from_env
@@ -122,9 +123,10 @@ def choose_shape(
 ) -> Sizing:
     """The ladder shape whose predicted final bpb in `budget_s` is lowest, and the batch it
     trains on; `seconds_per_step(model_config, batch_size)` times real training steps
-    (recipe.timing, or a fake in tests, with a fake `clock`)."""
+    (recipe.timing, or a fake in tests, with a fake `clock`). `clock()` reads seconds: the
+    budget clock's `elapsed` in `size_run`."""
     rule = rule or load_rule()
-    started = clock()
+    t0 = clock()  # the timing's start: what it spends counts against `budget_s`
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum_steps
     vocab = base.vocab_size
 
@@ -134,7 +136,7 @@ def choose_shape(
     reference = next((s for s in ladder if s.name == REFERENCE), ladder[len(ladder) // 2])
     measured = {reference.name: tokens_per_s(reference)}
     rate = measured[reference.name] * flops_per_token(reference, vocab, cfg.seq_len)
-    left = budget_s - (clock() - started)
+    left = budget_s - (clock() - t0)
     candidates = [
         Candidate(
             s.name,
@@ -147,11 +149,11 @@ def choose_shape(
     trusted = [c for c in candidates if _trusted(rule, c.shape, left * c.tokens_per_s)]
     by_prediction = sorted(trusted or candidates, key=lambda c: c.predicted_bpb)
     for i, c in enumerate(by_prediction[:TIMED]):
-        if i and clock() - started > SIZING_SHARE * budget_s:
+        if i and clock() - t0 > SIZING_SHARE * budget_s:
             break
         if c.shape not in measured:
             measured[c.shape] = tokens_per_s(next(s for s in ladder if s.name == c.shape))
-    sizing_s = clock() - started
+    sizing_s = clock() - t0
     train_s = max(budget_s - sizing_s, 0.0)
     for c in candidates:
         if c.shape in measured:
@@ -174,7 +176,7 @@ def choose_shape(
             f"batches of {batch} sequences, not {cfg.batch_size}: at {cfg.batch_size} the "
             f"budget holds {steps:,.0f} steps, under the {MIN_STEPS:,} a run should take"
         )
-        sizing.sizing_s = clock() - started
+        sizing.sizing_s = clock() - t0
         sizing.train_minutes = max(budget_s - sizing.sizing_s, 0.0) / 60
     sizing.tokens = int(sizing.train_minutes * 60 * sizing.tokens_per_s)
     return sizing
@@ -199,8 +201,9 @@ def sized_model(base: ModelConfig, sizing: Sizing, ladder: tuple[Shape, ...] = L
 
 
 def sized_train(cfg: TrainConfig, sizing: Sizing) -> TrainConfig:
-    """`cfg` at the chosen batch. Its minutes stay the whole budget: training counts them from
-    the budget's start (`size_run`'s `started`), so the timing's share is already spent."""
+    """`cfg` at the chosen batch. Its minutes stay the whole budget: training spends them on the
+    same budget clock as the sizing (`size_run`'s `clock`), so the timing's share is already
+    spent."""
     return dataclasses.replace(cfg, max_steps=0, batch_size=sizing.batch_size or cfg.batch_size)
 
 
@@ -212,15 +215,15 @@ def size_run(
     shard_dir: str | Path,
     out: Path,
     threads: int | None = None,
-    started: float | None = None,
+    clock: BudgetClock | None = None,
 ) -> tuple[RunConfig, Sizing | None]:
     """`cfg` at the shape its budget buys (a `size_to_budget` run with a time budget, on one
     process), deciding once per run folder: a resumed run reads `sizing.json` back.
 
     Shapes are timed at `threads` CPU threads, else at the count a thread trial on the
     reference shape finds fastest (left set: training then uses it, see `Sizing.threads`).
-    The budget began at `started` (a `time.perf_counter()` reading; default: now), so the
-    start-up before the sizing counts in `Sizing.sizing_s` with the timing."""
+    The sizing spends the command's budget `clock` (default: one started now), so the start-up
+    before the sizing counts in `Sizing.sizing_s` with the timing."""
     if not cfg.size_to_budget or cfg.train.max_steps or world_size_from_env() > 1:
         return cfg, None
     from lmforge.recipe import timing  # imports torch
@@ -230,7 +233,7 @@ def size_run(
     sizing = Sizing.load(path) if path.is_file() else None
     if sizing is None or sizing.budget_s != cfg.train.minutes * 60:
         print(f"sizing: timing candidate shapes for a {cfg.train.minutes:g} min budget")
-        started = time.perf_counter() if started is None else started
+        clock = clock or BudgetClock()
         reference = next(s for s in LADDER if s.name == REFERENCE).model_config(base)
         if threads is None and cfg.train.device in ("auto", "cpu"):
             print(f"sizing: threads {timing.choose_threads(reference, cfg.train, shard_dir)}")
@@ -238,13 +241,14 @@ def size_run(
         sizing = choose_shape(
             base,
             cfg.train,
-            cfg.train.minutes * 60 - (time.perf_counter() - started),
+            clock.remaining(cfg.train.minutes),
             lambda model, batch: timing.seconds_per_step(
                 model, dataclasses.replace(cfg.train, batch_size=batch), shard_dir, threads=count
             ),
+            clock=clock.elapsed,
         )
         sizing.budget_s, sizing.threads = cfg.train.minutes * 60, count
-        sizing.sizing_s = time.perf_counter() - started
+        sizing.sizing_s = clock.elapsed()
         sizing.save(path)
     print(f"sizing: {sizing.reason}")
     sized = dataclasses.replace(

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from lmforge.budget_clock import BudgetClock
 from lmforge.config import load_config
 from lmforge.model import ModelConfig
 from lmforge.recipe.scaling import ScalingRule, fit, load_rule
@@ -169,13 +170,15 @@ def test_a_run_folder_sizes_once_and_a_resumed_run_reads_the_decision_back(
     monkeypatch.setattr(timing, "choose_threads", lambda *a: calls.append("trial") or "1")
     monkeypatch.setattr(sizing_module, "load_rule", lambda: RULE)
     cfg = dataclasses.replace(load_config(), train=dataclasses.replace(TRAIN, minutes=2.0))
-    started = time.perf_counter() - 30  # start-up before the sizing spent 30 s of the budget
-    sized, decision = sizing_module.size_run(cfg, prepared.shard_dir, tmp_path, started=started)
+    offset = [0.0]
+    clock = BudgetClock(lambda: time.perf_counter() + offset[0])
+    offset[0] = 30.0  # start-up before the sizing spent 30 s of the budget
+    sized, decision = sizing_module.size_run(cfg, prepared.shard_dir, tmp_path, clock=clock)
     assert calls[0] == "trial" and (tmp_path / "sizing.json").is_file()
     assert decision.threads >= 1 and decision.budget_s == 120
     assert sized.model.d_model == shape(decision.chosen).d_model
     assert sized.model.vocab_size == 320  # the shards' vocabulary
-    assert sized.train.minutes == 2.0  # training counts the whole budget from `started`
+    assert sized.train.minutes == 2.0  # training spends the whole budget on `clock`
     assert decision.sizing_s >= 30 and decision.train_minutes <= 1.5
     calls.clear()
     again, reread = sizing_module.size_run(cfg, prepared.shard_dir, tmp_path)
