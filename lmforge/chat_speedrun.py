@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmforge.config import RunConfig, claim_run_dir, to_dict
+from lmforge.config import RUN_FOLDER, RunConfig, to_dict
 from lmforge.posttrain.grpo import SUMMARY, evaluate_accuracy, grpo
 from lmforge.posttrain.rl_config import RlConfig
 from lmforge.posttrain.rollout import RolloutEngine, paired_gain
@@ -26,6 +26,7 @@ from lmforge.posttrain.sft import sft
 from lmforge.posttrain.sft_config import sft_train_config
 from lmforge.posttrain.tasks import get_task, write_jsonl
 from lmforge.report.rl_report import plot_rl
+from lmforge.run_dir import RunDir
 from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config, resolve_checkpoint
@@ -90,7 +91,7 @@ def chat_speedrun(
     )  # fmt: skip
     sft_dir = out / "sft"
     sft_cfg = RunConfig(name="sft", model=model_config, train=train_cfg)
-    claim_run_dir(sft_cfg, sft_dir, fresh=False)
+    RunDir(sft_dir, RUN_FOLDER).claim(sft_cfg)
     with times("SFT"):
         sft(base, data, sft_dir, train_cfg, run_config=to_dict(sft_cfg))
 

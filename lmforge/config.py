@@ -8,7 +8,6 @@ composes them into a `RunConfig`, names the presets, and reads and writes them.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import types
 import typing
@@ -23,6 +22,7 @@ from lmforge.config_ranges import check_ranges
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
 from lmforge.prepare import DataConfig, TokenizerConfig
+from lmforge.run_dir import RunKind
 from lmforge.train import TrainConfig
 
 if sys.version_info >= (3, 11):
@@ -340,99 +340,30 @@ RUN_ENTRIES = (
 """What a run folder holds before its report (eval/, plots/ and report.md come last)."""
 
 
-def claim_run_dir(cfg: RunConfig, out: str | Path, fresh: bool) -> None:
-    """Start over (`fresh`), resume a run of the same config, or refuse to mix two configs.
-
-    A folder whose run stopped before any stage finished (nothing but its config and partial
-    work) is taken over by the new config: there is nothing in it to keep or to mix.
-    """
-    out = Path(out)
-    config_path = out / "config.toml"
-    if fresh and out.exists():
-        shutil.rmtree(out)
-    if config_path.exists():
-        saved = config_path.read_text()
-        if saved == config_text(cfg):
-            print(f"resuming the run in {out}")
-        elif _only_length_changed(saved, cfg):
-            print(f"resuming the run in {out} with a new length ({config_diff(saved, cfg)})")
-        elif _nothing_finished(out):
-            print(f"{out}: its earlier run finished no stage; starting over with this config")
-            for name in RUN_ENTRIES:
-                entry = out / name
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                elif entry.exists():
-                    entry.unlink()
-        else:
-            raise LmforgeError(
-                f"{out} holds a run with another config ({config_diff(saved, cfg)}): pass "
-                "--fresh to start over there, or --out for a new run folder"
-            )
-    save_toml(cfg, config_path)
-
-
-def config_diff(saved_toml: str, cfg: RunConfig, limit: int = 4) -> str:
-    """The settings that differ between a saved config.toml and `cfg`: `key: old → new, ...`."""
-    try:
-        old = _flat(tomllib.loads(saved_toml))
-    except tomllib.TOMLDecodeError:
-        return "its config.toml is not valid TOML"
-    new = _flat(_drop_none(to_dict(cfg)))
-    keys = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
-    shown = [f"{k}: {_show(old.get(k))} → {_show(new.get(k))}" for k in keys[:limit]]
-    if len(keys) > limit:
-        shown.append(f"and {len(keys) - limit} more")
-    return ", ".join(shown) or "written differently"
-
-
-RESUMABLE_KEYS = {"train.max_steps", "train.minutes"}
-"""Settings a run may change when it resumes: its length. A finished run given more steps
-continues from its last checkpoint on a new schedule tail (lmforge/train/schedule.py)."""
-
-
-def _only_length_changed(saved_toml: str, cfg: RunConfig) -> bool:
-    try:
-        old = _flat(tomllib.loads(saved_toml))
-    except tomllib.TOMLDecodeError:
-        return False
-    new = _flat(_drop_none(to_dict(cfg)))
-    changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
-    return bool(changed) and changed <= RESUMABLE_KEYS
-
-
-def _nothing_finished(out: Path) -> bool:
-    """Whether `out` is a run folder in which no stage finished (only config and partial work;
-    names it does not know, and hidden temporary ones, are left alone by refusing)."""
+def _a_stage_finished(out: Path) -> bool:
+    """Whether a stage of the run in `out` finished: its data, tokenizer, shards, a
+    checkpoint or a logged step."""
     from lmforge.train.checkpoint_dir import list_checkpoints
 
-    entries = {e.name for e in out.iterdir() if not e.name.startswith(".")}
-    if not entries <= set(RUN_ENTRIES):
-        return False
-    finished = (
+    return (
         (out / "data" / "stats.json").exists()
         or (out / "tokenizer").exists()
         or (out / "tokens" / "meta.json").exists()
         or bool(list_checkpoints(out / "checkpoints"))
         or (out / "metrics.jsonl").exists()
     )
-    return not finished
 
 
-def _flat(obj: dict, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in obj.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "(default)"
-    return repr(value) if isinstance(value, str) and (not value or " " in value) else str(value)
+RUN_FOLDER = RunKind(
+    "a run",
+    "config.toml",
+    resumable=frozenset({"train.max_steps", "train.minutes"}),
+    entries=RUN_ENTRIES,
+    finished=_a_stage_finished,
+)
+"""The run folder of a RunConfig's run (pretraining, the speedrun, SFT): `RunDir(out, RUN_FOLDER)`.
+A run may change its length when it resumes: a finished run given more steps continues from its
+last checkpoint on a new schedule tail (lmforge/train/schedule.py)."""
 
 
 def _section(cfg: RunConfig, key: str, source: str) -> Any:

@@ -20,7 +20,7 @@ import torch
 
 from lmforge.atomic import write_text
 from lmforge.budget_clock import BudgetClock
-from lmforge.config import RunConfig, claim_run_dir, config_text, to_dict
+from lmforge.config import RUN_FOLDER, RunConfig, config_text, to_dict
 from lmforge.device import load
 from lmforge.errors import LmforgeError
 from lmforge.eval.run_tasks import describe, evaluate_checkpoint_tasks
@@ -30,6 +30,7 @@ from lmforge.prepare import Prepared, prepare_corpus
 from lmforge.progress import bar, bar_per_call
 from lmforge.recipe.sizing import Sizing, size_run
 from lmforge.report.report import ReportData, Sample, warn_if_behind_baseline, write_report
+from lmforge.run_dir import RunDir
 from lmforge.threads import requested_threads, using_threads
 from lmforge.tokens import load_tokens
 from lmforge.train import TrainResult, train
@@ -85,7 +86,7 @@ def pretrain(
             prepared = prepare_once(cfg, out, fresh, root)
         shard_dir = prepared.shard_dir
     elif _rank() == 0:  # under torchrun, rank 0 alone claims the folder
-        claim_run_dir(cfg, out, fresh)
+        RunDir(out, RUN_FOLDER).claim(cfg, fresh)
     cfg, sizing = size_run(cfg, shard_dir, out, requested_threads(threads)[0], clock)
     threads = threads or (sizing.threads if sizing else None)
     documents = (cfg.data.path or "stdlib") if prepared else None  # None: shards given ready-made
@@ -125,12 +126,12 @@ def prepare_once(cfg: RunConfig, out: Path, fresh: bool, root: Path) -> Prepared
     prepared folder; a failure on rank 0 is written into the marker so the others stop too.
     """
     if world_size_from_env() == 1:
-        claim_run_dir(cfg, out, fresh)
+        RunDir(out, RUN_FOLDER).claim(cfg, fresh)
         return prepare_corpus(cfg.data, cfg.tokenizer, root)
     marker = _ready_marker(root)
     if _rank() == 0:
         try:
-            claim_run_dir(cfg, out, fresh)
+            RunDir(out, RUN_FOLDER).claim(cfg, fresh)
             prepared = prepare_corpus(cfg.data, cfg.tokenizer, root)
         except BaseException as e:
             _write_marker(marker, f"failed: {type(e).__name__}: {e}")

@@ -4,14 +4,15 @@ import pytest
 
 from lmforge.config import (
     PRESETS,
+    RUN_FOLDER,
     apply_override,
-    claim_run_dir,
     config_text,
     load_config,
     preset,
     save_toml,
 )
 from lmforge.errors import LmforgeError
+from lmforge.run_dir import RunDir
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -77,16 +78,16 @@ def test_saved_config_loads_back_identically(tmp_path):
 
 def test_run_dir_refuses_another_config_unless_fresh(tmp_path):
     run = tmp_path / "run"
-    claim_run_dir(preset("tiny"), run, fresh=False)
+    RunDir(run, RUN_FOLDER).claim(preset("tiny"), fresh=False)
     (run / "keep.txt").write_text("x")
-    claim_run_dir(preset("tiny"), run, fresh=False)  # same config: resume
+    RunDir(run, RUN_FOLDER).claim(preset("tiny"), fresh=False)  # same config: resume
     other = apply_override(preset("tiny"), "train.lr=0.5")
     with pytest.raises(
         LmforgeError, match=r"another config \(train.lr: 0.003 → 0.5\): pass --fresh"
     ):
-        claim_run_dir(other, run, fresh=False)
+        RunDir(run, RUN_FOLDER).claim(other, fresh=False)
     assert (run / "keep.txt").exists()  # nothing destroyed by the refusal
-    claim_run_dir(other, run, fresh=True)
+    RunDir(run, RUN_FOLDER).claim(other, fresh=True)
     assert not (run / "keep.txt").exists()
     assert (run / "config.toml").read_text() == config_text(other)
 
@@ -125,24 +126,24 @@ def test_validate_checks_data_path_device_and_context_before_any_work(tmp_path):
 
 def test_run_dir_refusal_names_every_key_that_differs(tmp_path):
     run = tmp_path / "run"
-    claim_run_dir(apply_override(preset("tiny"), "data.path='a'"), run, fresh=False)
+    RunDir(run, RUN_FOLDER).claim(apply_override(preset("tiny"), "data.path='a'"), fresh=False)
     (run / "metrics.jsonl").write_text("")  # a stage ran: the folder holds a run
     other = apply_override(apply_override(preset("tiny"), "data.path='b'"), "train.lr=0.5")
     with pytest.raises(LmforgeError) as refused:
-        claim_run_dir(other, run, fresh=False)
+        RunDir(run, RUN_FOLDER).claim(other, fresh=False)
     assert "another config (data.path: a → b, train.lr: 0.003 → 0.5)" in str(refused.value)
 
 
 def test_a_run_that_finished_no_stage_gives_way_to_the_corrected_config(tmp_path, capsys):
     run = tmp_path / "run"
-    claim_run_dir(apply_override(preset("tiny"), "data.path='wrong'"), run, fresh=False)
+    RunDir(run, RUN_FOLDER).claim(apply_override(preset("tiny"), "data.path='wrong'"), fresh=False)
     (run / "data" / "pipeline").mkdir(parents=True)  # partial work of the failed run
     (run / "data" / "pipeline" / "shard_00000.jsonl").write_text("{}\n")
     fixed = apply_override(preset("tiny"), "data.path='right'")
-    claim_run_dir(fixed, run, fresh=False)
+    RunDir(run, RUN_FOLDER).claim(fixed, fresh=False)
     assert (run / "config.toml").read_text() == config_text(fixed)
     assert not (run / "data").exists()
     assert "finished no stage" in capsys.readouterr().out
     (run / "notes.txt").write_text("mine")  # a folder with files lmforge did not write is kept
     with pytest.raises(LmforgeError, match="another config"):
-        claim_run_dir(preset("tiny"), run, fresh=False)
+        RunDir(run, RUN_FOLDER).claim(preset("tiny"), fresh=False)

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmforge.config import RunConfig, apply_dict, apply_override, claim_run_dir, read_toml
+from lmforge.config import RUN_FOLDER, RunConfig, apply_dict, apply_override, read_toml
 from lmforge.config_ranges import check_ranges
 from lmforge.errors import LmforgeError
 from lmforge.posttrain.rl_config import DYNAMIC_SAMPLING, NORMS, SCALES, RlConfig, with_settings
+from lmforge.run_dir import RunDir
 from lmforge.run_flags import TRAIN_KEYS, add_run_options, add_speed_options, with_train_flags
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg, lora = sft_config(args)  # a bad config is reported before torch is imported
     out = Path(args.out or Path("runs") / "sft")
     if int(os.environ.get("RANK", "0")) == 0:
-        claim_run_dir(cfg, out, args.fresh)
+        RunDir(out, RUN_FOLDER).claim(cfg, args.fresh)
 
     from lmforge.config import to_dict
     from lmforge.posttrain.sft import sft

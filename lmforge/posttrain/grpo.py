@@ -20,16 +20,13 @@ from __future__ import annotations
 import copy
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from lmforge.atomic import write_json
 from lmforge.device import pick_device
-from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.model.lora import apply_lora, count_trainable
 from lmforge.model.lora_spec import LoraSpec
@@ -45,6 +42,7 @@ from lmforge.posttrain.rollout import (
 from lmforge.posttrain.tasks import Reward, exact_answer, get_task
 from lmforge.posttrain.tasks.problem import Problem
 from lmforge.progress import bar
+from lmforge.run_dir import RunDir, RunKind
 from lmforge.threads import requested_threads
 from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import (
@@ -62,7 +60,13 @@ from lmforge.train.signals import stop_requests
 
 SUMMARY = "rl.json"  # the run's outcome: held-out accuracy at its start and end
 CONFIG = "rl_config.json"
-LENGTH_KEYS = ("steps", "minutes", "eval_every", "checkpoint_every")  # a resumed run may change
+RL_FOLDER = RunKind(
+    "an rl run",
+    CONFIG,
+    resumable=frozenset({"steps", "minutes", "eval_every", "checkpoint_every"}),
+    change="a new length or cadence",
+)
+"""An rl run's folder: `RunDir(out, RL_FOLDER)`; a resumed run may change its length."""
 
 
 @dataclass
@@ -252,7 +256,7 @@ def grpo(
     if not cfg.lr:
         cfg = replace(cfg, lr=width_scaled_lr(read_model_config(base).d_model))
     record = {**asdict(cfg), "base": str(base), "lora": lora.to_dict() if lora else None}
-    claim_run_dir(out, record, fresh)
+    RunDir(out, RL_FOLDER).claim(record, fresh, quiet=quiet)
     device = pick_device(cfg.device)
     count, _ = requested_threads(threads)
     if count:
@@ -349,23 +353,6 @@ def grpo(
     return RlResult(
         step, path, start_accuracy, final, seconds, stop_signal is not None, stop_signal
     )
-
-
-def claim_run_dir(out: Path, record: dict, fresh: bool) -> None:
-    """Start over (`fresh`), resume a run of the same settings, or refuse to mix two runs."""
-    path = out / CONFIG
-    if fresh and out.exists():
-        shutil.rmtree(out)
-    if path.exists():
-        saved = json.loads(path.read_text())
-        differ = [k for k in sorted(saved.keys() | record.keys()) if k not in LENGTH_KEYS
-                  and saved.get(k) != record.get(k)]  # fmt: skip
-        if differ:
-            raise LmforgeError(
-                f"{out} holds an rl run with other settings ({', '.join(differ[:4])}): pass "
-                "--fresh to start over there, or --out for a new run folder"
-            )
-    write_json(path, record)
 
 
 def _step_record(collected: Collected, trained: dict, train_seconds: float) -> dict:

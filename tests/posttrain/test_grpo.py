@@ -9,12 +9,13 @@ import torch
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.infer.engine import SamplingParams
-from lmforge.posttrain.grpo import GroupSampler, PolicyTrainer, claim_run_dir, grpo
+from lmforge.posttrain.grpo import RL_FOLDER, GroupSampler, PolicyTrainer, grpo
 from lmforge.posttrain.grpo_loss import token_logprobs
 from lmforge.posttrain.rl_config import RlConfig, width_scaled_lr, with_settings
 from lmforge.posttrain.rollout import RolloutEngine, batch_tensors, held_out_accuracy, paired_gain
 from lmforge.posttrain.tasks import get_task
 from lmforge.report.rl_report import write_rl_report
+from lmforge.run_dir import RunDir
 from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config
@@ -213,11 +214,13 @@ def test_bad_settings_are_one_line_errors(base_checkpoint, tmp_path, capsys):
     assert "use 2 or more" in capsys.readouterr().err
     assert main(["rl", *ckpt, "--set", "rl.nope=1"]) != 0
     assert "rl takes rl.KEY=VALUE" in capsys.readouterr().err
-    claim_run_dir(tmp_path / "x", {"lr": 1e-3, "steps": 3}, fresh=False)
-    claim_run_dir(tmp_path / "x", {"lr": 1e-3, "steps": 9}, fresh=False)  # a longer run resumes
-    with pytest.raises(LmforgeError, match=r"another|other settings \(lr\)"):
-        claim_run_dir(tmp_path / "x", {"lr": 1.0, "steps": 9}, fresh=False)
-    claim_run_dir(tmp_path / "x", {"lr": 1.0, "steps": 9}, fresh=True)
+    folder = RunDir(tmp_path / "x", RL_FOLDER)
+    folder.claim({"lr": 1e-3, "steps": 3})
+    folder.claim({"lr": 1e-3, "steps": 9})  # a longer run resumes
+    with pytest.raises(LmforgeError, match=r"an rl run with another config \(lr: 0.001 → 1.0\)"):
+        folder.claim({"lr": 1.0, "steps": 9})
+    folder.claim({"lr": 1.0, "steps": 9}, fresh=True)
+    assert folder.saved() == {"lr": 1.0, "steps": 9}
 
 
 def test_held_out_accuracy_samples_alike_at_every_stage_and_pairs_its_gains(policy):
