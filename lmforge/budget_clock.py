@@ -19,14 +19,14 @@ class BudgetClock:
     """Seconds spent on a budget since the command started, less the excluded spans."""
 
     def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
-        self._now = now
+        self.now = now  # the clock's reading: what every timing on this budget uses
         self._start = now()
         self._excluded = 0.0
         self._prior = 0.0
 
     def elapsed(self) -> float:
         """Seconds this run has spent: earlier sessions' (when resumed) and this command's."""
-        return self._prior + self._now() - self._start - self._excluded
+        return self._prior + self.now() - self._start - self._excluded
 
     def remaining(self, minutes: float) -> float:
         """Seconds left of a `minutes` budget (infinite when `minutes` is 0: no budget)."""
@@ -39,8 +39,8 @@ class BudgetClock:
     @contextlib.contextmanager
     def excluded(self) -> Iterator[None]:
         """Time spent inside the block does not count against the budget."""
-        t0 = self._now()
+        t0 = self.now()
         try:
             yield
         finally:
-            self._excluded += self._now() - t0
+            self._excluded += self.now() - t0

@@ -1,11 +1,12 @@
 """The process group and device mesh of a run, set up from torchrun's environment.
 
 torchrun (or any launcher) sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; a
-run without them is a single process and gets no process group at all. A program that starts
-its own group (e.g. under torch.multiprocessing.spawn) gets its World from `World.from_group`.
-Collectives time out after `timeout_s`, and a failed collective (a rank died, or hung past the
-timeout) becomes one clear LmforgeError on every surviving rank instead of a hang or a page of
-backend traces.
+run without them is a single process: it gets no process group, and a World of one rank whose
+collectives return their input, so code that trains on a World never asks how many there are.
+A program that starts its own group (e.g. under torch.multiprocessing.spawn) gets its World
+from `World.from_group`. Collectives time out after `timeout_s`, and a failed collective (a rank
+died, or hung past the timeout) becomes one clear LmforgeError on every surviving rank instead
+of a hang or a page of backend traces.
 """
 
 from __future__ import annotations
@@ -32,10 +33,20 @@ class World:
     the experts, and the edp ranks of one ep position hold the same ones)."""
 
     layout: Layout
-    mesh: DeviceMesh
+    mesh: DeviceMesh | None  # None: a single process
     rank: int
     device: torch.device
     expert_mesh: DeviceMesh | None = None
+
+    @classmethod
+    def single(cls, device: torch.device) -> World:
+        """The World of a process that trains alone: rank 0 of one, no process group."""
+        return cls(resolve_layout("", 1), None, 0, device)
+
+    @property
+    def is_distributed(self) -> bool:
+        """Whether this run spans several processes (a process group and a device mesh)."""
+        return self.mesh is not None
 
     @classmethod
     def from_group(cls, parallel: str | Layout = "", device: torch.device | None = None) -> World:
@@ -72,9 +83,23 @@ class World:
     @property
     def data_rank(self) -> int:
         """This rank's slice of the global batch: ranks of one TP group share it."""
+        if self.mesh is None:
+            return 0
         return (
             self.mesh["dp"].get_local_rank() * self.layout.fsdp + self.mesh["fsdp"].get_local_rank()
         )
+
+    def mean_over_data(self, value: torch.Tensor) -> torch.Tensor:
+        """`value` averaged over the data-parallel ranks (`mean_over_data`); itself alone."""
+        return mean_over_data(value) if self.is_distributed else value
+
+    def from_main(self, value: int) -> int:
+        """Rank 0's `value` on every rank (`from_rank_zero`)."""
+        return from_rank_zero(value) if self.is_distributed else value
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is set on any rank (`any_rank`)."""
+        return any_rank(flag, self.device) if self.is_distributed else flag
 
 
 def _expert_mesh(layout: Layout, device: torch.device) -> DeviceMesh | None:
@@ -124,8 +149,8 @@ def world_size_from_env() -> int:
 
 
 @contextlib.contextmanager
-def distributed(parallel: str, device: torch.device, timeout_s: float) -> Iterator[World | None]:
-    """Join the process group for the `parallel` layout (None for a single process).
+def distributed(parallel: str, device: torch.device, timeout_s: float) -> Iterator[World]:
+    """Join the process group for the `parallel` layout (`World.single` for a single process).
 
     Yields the World; on exit leaves the group. A collective that fails inside the block is
     re-raised as LmforgeError naming the rank and the likely cause.
@@ -133,7 +158,7 @@ def distributed(parallel: str, device: torch.device, timeout_s: float) -> Iterat
     world_size = world_size_from_env()
     layout = resolve_layout(parallel, world_size)
     if world_size == 1:
-        yield None
+        yield World.single(device)
         return
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if rank != 0:

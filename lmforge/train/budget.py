@@ -1,18 +1,33 @@
-"""How many steps a wall-clock budget holds, measured as the run goes.
+"""How many steps a run takes: `max_steps`, or what a wall-clock budget holds, measured as the
+run goes.
 
 A budgeted run fixes its step count from its first timed steps (`steps_in_budget`); a WSD run
 then re-fits it to the time actually left (`refit`), from the recent wall time per step
 (`StepClock`: everything between two steps' starts, logging included, less the periodic
-validations and checkpoints, which are counted apart at their own measured cost).
+validations and checkpoints, which are counted apart at their own measured cost). `StepBudget`
+is the trainer's component that does both and says when the run ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
+from lmforge.budget_clock import BudgetClock
+from lmforge.parallel.world import World
 from lmforge.train.config import TrainConfig
-from lmforge.train.schedule import Schedule
+from lmforge.train.schedule import Schedule, rewarm_steps
+
+CALIBRATION_STEPS = 5
+"""Budgeted runs time this many steps (after the first, which pays one-off costs) to fix their
+step count; until then the horizon is open and only warmup applies."""
+
+REFIT_EVERY = 10
+REFIT_WINDOW = 10
+"""A budgeted WSD run re-fits its step count to the time left every REFIT_EVERY steps, from
+the wall time of its last REFIT_WINDOW steps: on the plateau both ways, in the decay only
+shorter (the decay then ends sooner, from the learning rate it has reached)."""
 
 
 class StepClock:
@@ -76,3 +91,82 @@ def refit(
     if schedule.decaying(step):
         return min(total, max(fits, step + 1))
     return fits if abs(fits - total) > max(1, total // 100) else total
+
+
+class StepBudget:
+    """The step count a run trains to (`total`, None until a budgeted run has timed its first
+    steps) and whether it goes on. On many processes rank 0's timing decides, so that all ranks
+    stop at the same step: the step count ends the run, not each rank's own clock."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        schedule: Schedule,
+        world: World,
+        clock: BudgetClock,
+        total: int | None,
+        resumed: bool = False,
+    ) -> None:
+        self.cfg, self.schedule, self.world, self.clock = cfg, schedule, world, clock
+        self.total, self.resumed = total, resumed
+        self.budget_s = cfg.minutes * 60 if not cfg.max_steps else math.inf
+        self.refits = cfg.schedule == "wsd" and not cfg.max_steps
+        self.step_clock = StepClock(clock.now)
+
+    def continues(self, step: int) -> bool:
+        if self.total is not None and step >= self.total:
+            return False
+        if self.world.is_distributed:
+            return True
+        return self.clock.elapsed() < self.budget_s or self._in_decay(step)
+
+    def _in_decay(self, step: int) -> bool:
+        """A refitted decay runs to its end: it was fitted to the time left, and is shortened
+        if that runs out (cutting it would end the run above the floor)."""
+        return self.refits and self.schedule.decaying(step)
+
+    def after_step(self, step: int, settled: list[float], session_steps: int) -> str | None:
+        """Fix or re-fit the step count after `step` from the step times at the final thread
+        count (`settled`); what changed, to log, if anything did."""
+        if self.total is None and len(settled) >= CALIBRATION_STEPS:
+            return self._calibrate(step, sum(settled[-CALIBRATION_STEPS:]) / CALIBRATION_STEPS)
+        if self.refits and self.total is not None and step % REFIT_EVERY == 0:
+            # the session's first step paid one-off costs: never in the window
+            per_step = self.step_clock.recent_step_s(min(REFIT_WINDOW, session_steps - 1))
+            remaining = self.budget_s - self.clock.elapsed()
+            fitted = refit(
+                self.cfg, self.schedule, per_step, self.step_clock.eval_s(), remaining, step
+            )
+            fitted = self.world.from_main(fitted)
+            if fitted != self.total:
+                decaying = self.schedule.decaying(step)
+                self.schedule.plan(step, fitted)
+                self.total = fitted
+                if decaying:
+                    return f"behind the time budget: the decay ends at step {fitted}"
+        return None
+
+    def _calibrate(self, step: int, per_step: float) -> str:
+        remaining = self.budget_s - self.clock.elapsed()
+        self.total = self.world.from_main(steps_in_budget(self.cfg, per_step, remaining, step))
+        self.schedule.plan(step, self.total)
+        message = (
+            f"time budget {self.cfg.minutes:g} min: training for {self.total} steps "
+            f"({self.schedule.describe_plan()})"
+        )
+        if self.resumed and len(self.schedule.plans) > 1:  # resumed with a new budget
+            message += "\n" + replanned_message(self.schedule, step)
+        return message
+
+
+def replanned_message(schedule: Schedule, step: int) -> str:
+    """What a resumed run given a new length does from `step` on."""
+    start, total = schedule.plans[-1]
+    if schedule.decaying(start):
+        return f"training to step {total} from step {step}: {schedule.describe_plan()}"
+    rewarm = rewarm_steps(start, total, schedule.warmup(total))
+    steps = f"{rewarm} step" + ("s" if rewarm > 1 else "")
+    return (
+        f"training to step {total} from step {step}: the learning rate re-warms over {steps} "
+        f"to {schedule.lr(start + rewarm):.2e}, then follows a {total}-step run's schedule"
+    )

@@ -55,45 +55,75 @@ def save_checkpoint(
     run_config: dict,
     tokenizer_dir: str | Path | None = None,
     keep_last: int = 2,
-    world: World | None = None,
 ) -> Path:
-    """Write `step_{step}/` atomically and keep only the newest `keep_last` checkpoints.
+    """Write `step_{step}/` atomically and keep only the newest `keep_last` checkpoints."""
+    checkpoints_dir = Path(checkpoints_dir)
+    final = checkpoints_dir / f"{STEP_PREFIX}{step}"
+    tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_module(model, tmp / "model.safetensors")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _keep_newest(checkpoints_dir, keep_last)
+    return final
 
-    With a `world`, every rank must call this: each writes its shards, rank 0 the rest.
-    """
+
+def save_sharded_checkpoint(
+    world: World,
+    checkpoints_dir: str | Path,
+    step: int,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict,
+    loader_state: dict,
+    run_config: dict,
+    tokenizer_dir: str | Path | None = None,
+    keep_last: int = 2,
+) -> Path:
+    """`save_checkpoint` for a run on many processes: every rank must call it; each writes its
+    shards (lmforge.train.checkpoint_dcp), rank 0 the rest."""
+    from lmforge.train.checkpoint_dcp import save_distributed
+
     checkpoints_dir = Path(checkpoints_dir)
     final = checkpoints_dir / f"{STEP_PREFIX}{step}"
 
     def write_metadata(tmp: Path) -> None:
-        config = {"model": asdict(model.config), "run": run_config}
-        spec = lora_spec_of(model)
-        if spec is not None:  # the adapters are in model.safetensors beside the frozen weights
-            config["lora"] = spec.to_dict()
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
-        (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
-        if tokenizer_dir is not None:
-            shutil.copytree(tokenizer_dir, tmp / "tokenizer")
+        _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
 
-    if world is not None:
-        from lmforge.train.checkpoint_dcp import save_distributed
+    save_distributed(final, model, optimizer, world.data_rank, write_metadata)
+    if world.is_main:
+        _keep_newest(checkpoints_dir, keep_last)
+    return final
 
-        save_distributed(final, model, optimizer, world.data_rank, write_metadata)
-        if not world.is_main:
-            return final
-    else:
-        tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_module(model, tmp / "model.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        write_metadata(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+
+def _write_metadata(
+    tmp: Path,
+    step: int,
+    model: Transformer,
+    trainer_state: dict,
+    loader_state: dict,
+    run_config: dict,
+    tokenizer_dir: str | Path | None,
+) -> None:
+    """Everything in a checkpoint but the weights and the optimizer state."""
+    config = {"model": asdict(model.config), "run": run_config}
+    spec = lora_spec_of(model)
+    if spec is not None:  # the adapters are in model.safetensors beside the frozen weights
+        config["lora"] = spec.to_dict()
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
+    (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
+    if tokenizer_dir is not None:
+        shutil.copytree(tokenizer_dir, tmp / "tokenizer")
+
+
+def _keep_newest(checkpoints_dir: Path, keep_last: int) -> None:
     for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
         shutil.rmtree(old)
-    return final
 
 
 def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:

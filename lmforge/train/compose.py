@@ -27,6 +27,7 @@ from torch import nn
 from lmforge.device.capability import cpu_capability, use_compile
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
+from lmforge.parallel.world import World
 from lmforge.train.kernels import apply_kernels
 from lmforge.train.master import ComputeCopy, needs_copy
 from lmforge.train.memory import apply_activation_checkpointing
@@ -34,7 +35,6 @@ from lmforge.train.precision import Precision
 
 if TYPE_CHECKING:
     from lmforge.parallel.layout import ParallelOptions
-    from lmforge.parallel.world import World
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ class Composed:
     master: Transformer  # fp32 weights: what the optimizer steps and checkpoints save
     compute: nn.Module  # what the forward runs: the master itself unless a copy is needed
     precision: Precision
+    world: World
     copy: ComputeCopy | None = None
-    world: World | None = None  # set when training on many processes
     evaluator: nn.Module | None = None  # what evaluation runs, if not `compute`
     objective: Objective = field(default_factory=Objective)
     kernels: list[str] = field(default_factory=list)  # the Triton kernels swapped in
@@ -75,7 +75,7 @@ class Composed:
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-batch's forward and backward (gradient sync on the last)."""
-        if self.world is None:
+        if not self.world.is_distributed:
             return contextlib.nullcontext()
         from lmforge.parallel.parallelize import micro_step
 
@@ -101,15 +101,16 @@ def compose(
     objective: Objective | None = None,
     kernels: str = "torch",
 ) -> Composed:
-    """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`),
-    computing with `kernels` (train.kernels: torch or triton)."""
+    """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`, by
+    default this process alone), computing with `kernels` (train.kernels: torch or triton)."""
     objective = objective or Objective()
-    if objective.fused_loss and world is not None and world.layout.tp > 1:
+    world = world or World.single(device)
+    if objective.fused_loss and world.layout.tp > 1:
         raise LmforgeError(
             "train.fused_loss needs the whole vocabulary on each rank: "
             "turn it off under tensor parallelism (tp > 1)"
         )
-    if kernels != "torch" and world is not None and world.layout.tp > 1:
+    if kernels != "torch" and world.layout.tp > 1:
         raise LmforgeError(
             f"train.kernels={kernels} takes whole tensors, not tensor-parallel shards: "
             "use train.kernels=torch under tensor parallelism (tp > 1)"
@@ -117,7 +118,7 @@ def compose(
     compile = use_compile(compile, device)
     if device.type == "cpu":
         keep_freed_memory()
-    if world is not None:
+    if world.is_distributed:
         from lmforge.parallel.parallelize import FullLogits, parallelize
 
         swapped = apply_kernels(model, kernels, device, precision.dtype)
@@ -130,7 +131,7 @@ def compose(
             lambda blocks: _prepare_blocks(blocks, activation_checkpointing, compile),
         )
         evaluator = FullLogits(compute) if world.layout.tp > 1 else None
-        return Composed(model, compute, precision, None, world, evaluator, objective, swapped)
+        return Composed(model, compute, precision, world, None, evaluator, objective, swapped)
     copy = None
     inner: nn.Module = model
     if needs_copy(model, device, precision.module_dtype):
@@ -139,7 +140,7 @@ def compose(
     swapped = apply_kernels(inner, kernels, device, precision.dtype)
     compute = precision.wrap(inner)
     _prepare_blocks(inner, activation_checkpointing, compile)
-    return Composed(model, compute, precision, copy, objective=objective, kernels=swapped)
+    return Composed(model, compute, precision, world, copy, objective=objective, kernels=swapped)
 
 
 def _prepare_blocks(model: nn.Module, activation_checkpointing: str, compile: bool) -> None:

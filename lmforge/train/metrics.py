@@ -7,19 +7,26 @@ from pathlib import Path
 
 
 class MetricsLog:
-    """Appends one line per record and flushes it, so a crash loses at most the line in flight."""
+    """Appends one line per record and flushes it, so a crash loses at most the line in flight.
+    A log that is not `enabled` (on a run's other ranks: rank 0 writes) writes nothing."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, enabled: bool = True):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.enabled = enabled
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, **record: float | int | str) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def truncate_after(self, step: int) -> None:
         """Drop records past `step` (a resumed run rewrites the steps it repeats) and any line
         a killed process left half written."""
+        if not self.enabled:
+            return
         kept = [json.dumps(r) for r in read_metrics(self.path) if r["step"] <= step]
         if self.path.exists():
             self.path.write_text("".join(line + "\n" for line in kept))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmforge.train.config import OPTIMIZERS
+from lmforge.parallel.world import World
+from lmforge.train.config import OPTIMIZERS, TrainConfig
 from lmforge.train.muon import Muon, muon_param_groups
 from lmforge.train.optim import adamw_choice, param_groups
 
@@ -53,3 +54,20 @@ def build_optimizer(
         model, device, lr, weight_decay, fused, optimizer, muon_lr, muon_momentum, embed_lr
     )
     return cls(groups, lr=lr, betas=betas, **extra)
+
+
+def optimizer_from_config(
+    model: nn.Module, cfg: TrainConfig, world: World
+) -> torch.optim.Optimizer:
+    """The optimizer `cfg` names (train.optimizer, lr, betas, weight_decay, muon_*, embed_lr)
+    over `model`'s parameters, plain or sharded over `world`; itself sharded over the dp ranks
+    by ZeRO-1 (`train.zero1`) when there are several."""
+    betas = (cfg.beta1, cfg.beta2)
+    choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.embed_lr)
+    if cfg.zero1 and world.layout.dp > 1:
+        from lmforge.parallel.data_parallel import build_zero1
+
+        device = next(model.parameters()).device
+        cls, groups, extra = optimizer_choice(model, device, cfg.lr, cfg.weight_decay, *choice)
+        return build_zero1(groups, world.mesh["dp"], cls, lr=cfg.lr, betas=betas, **extra)
+    return build_optimizer(model, cfg.lr, betas, cfg.weight_decay, *choice)

@@ -70,7 +70,7 @@ def train_step(
     precision.end_step(bad)
     # The biases move with the routing counts of every data rank, on the weights the forward
     # runs (and on the fp32 master behind a compute copy), skipped step or not.
-    reduce = _sum_over_ranks if model.world is not None else None
+    reduce = _sum_over_ranks if model.world.is_distributed else None
     update_biases(model.compute, reduce, model.master if model.copy is not None else None)
     model.weights_to_compute()
     return StepResult(mean_loss, grad_norm, bad, activation_bytes)

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-import lmforge.train.loop as loop
+from lmforge.budget_clock import BudgetClock
 from lmforge.model import ModelConfig
 from lmforge.train import TrainConfig, train
 from lmforge.train.budget import steps_in_budget
@@ -29,6 +29,10 @@ class SlowingClock:
         return self.now
 
 
+def _steady_clock() -> BudgetClock:
+    return BudgetClock(SlowingClock(tick=0.05, slow_from=10**9, factor=1.0).perf_counter)
+
+
 def _cfg(**kw):
     return TrainConfig(batch_size=2, seq_len=16, lr=1e-3, min_lr_ratio=0.0, eval_every=0,
                        eval_batches=1, log_every=1, device="cpu", **kw)  # fmt: skip
@@ -37,9 +41,8 @@ def _cfg(**kw):
 def test_a_run_slowed_on_its_plateau_still_decays_fully_within_its_budget(
     prepared, tmp_path, monkeypatch
 ):
-    clock = SlowingClock(tick=0.05, slow_from=100, factor=3.0)
-    monkeypatch.setattr(loop, "time", clock)
-    result = train(MODEL, _cfg(minutes=0.25), prepared.shard_dir, tmp_path, threads=1)
+    clock = BudgetClock(SlowingClock(tick=0.05, slow_from=100, factor=3.0).perf_counter)
+    result = train(MODEL, _cfg(minutes=0.25), prepared.shard_dir, tmp_path, threads=1, clock=clock)
     logs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "lr" in r]
     lrs = [r["lr"] for r in logs]
     state = torch.load(result.checkpoint / "trainer_state.pt", weights_only=True)
@@ -60,9 +63,8 @@ def _decay_start(lrs: list[float]) -> int:
 
 
 def test_a_resumed_budgeted_run_repeats_the_schedule_it_saved(prepared, tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "time", SlowingClock(tick=0.05, slow_from=10**9, factor=1.0))
     first = train(MODEL, _cfg(minutes=0.1, checkpoint_every=10), prepared.shard_dir,
-                  tmp_path / "a", threads=1)  # fmt: skip
+                  tmp_path / "a", threads=1, clock=_steady_clock())  # fmt: skip
     saved = torch.load(first.checkpoint / "trainer_state.pt", weights_only=True)
     assert saved["plans"] and saved["total_steps"] == first.step
     lrs = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "lr" in r}
@@ -72,14 +74,16 @@ def test_a_resumed_budgeted_run_repeats_the_schedule_it_saved(prepared, tmp_path
     assert all(schedule.lr(step - 1) == pytest.approx(lr) for step, lr in lrs.items())
 
 
-def test_the_budget_counts_from_when_it_started(prepared, tmp_path, monkeypatch):
-    """`started` is the budget's start: what ran before the loop (`lmforge train`'s start-up and
-    the sizing) has spent its share, so the loop trains for what is left."""
-    monkeypatch.setattr(loop, "time", SlowingClock(tick=0.05, slow_from=10**9, factor=1.0))
-    whole = train(MODEL, _cfg(minutes=0.1), prepared.shard_dir, tmp_path / "a", threads=1)
-    monkeypatch.setattr(loop, "time", SlowingClock(tick=0.05, slow_from=10**9, factor=1.0))
+def test_the_budget_counts_from_when_it_started(prepared, tmp_path):
+    """The budget clock starts with the command: what ran before the loop (`lmforge train`'s
+    start-up and the sizing) has spent its share, so the loop trains for what is left."""
+    whole = train(MODEL, _cfg(minutes=0.1), prepared.shard_dir, tmp_path / "a", threads=1,
+                  clock=_steady_clock())  # fmt: skip
+    started_earlier = SlowingClock(tick=0.05, slow_from=10**9, factor=1.0)
+    clock = BudgetClock(started_earlier.perf_counter)
+    started_earlier.now += 3.0  # 3 s of start-up before training
     half = train(MODEL, _cfg(minutes=0.1), prepared.shard_dir, tmp_path / "b", threads=1,
-                 started=-3.0)  # fmt: skip
+                 clock=clock)  # fmt: skip
     assert 0.35 * whole.step < half.step < 0.65 * whole.step  # 3 of the 6 s were spent before
     assert 3.0 < half.seconds <= 6.0 * 1.15
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-import lmforge.train.loop as loop
 import lmforge.train.step as step_module
+from lmforge.budget_clock import BudgetClock
 from lmforge.cli import main
 from lmforge.model import ModelConfig
 from lmforge.train import TrainConfig, list_checkpoints, train
@@ -79,8 +79,8 @@ def test_a_longer_budget_times_the_first_steps_again_and_adds_a_tail(
             self.now += 0.01
             return self.now
 
-    monkeypatch.setattr(loop, "time", FakeClock())
-    result = train(MODEL, cfg(minutes=0.05), prepared.shard_dir, tmp_path, threads=1)
+    clock = BudgetClock(FakeClock().perf_counter)
+    result = train(MODEL, cfg(minutes=0.05), prepared.shard_dir, tmp_path, threads=1, clock=clock)
     state = torch.load(result.checkpoint / "trainer_state.pt", weights_only=True)
     first, (start, total), *refits = state["plans"]  # refits: shortened to the time left
     assert first == [0, 8] and 8 < start < result.step <= total

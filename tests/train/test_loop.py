@@ -4,11 +4,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import lmforge.train.loop as loop
 import lmforge.train.step as step_module
+from lmforge.budget_clock import BudgetClock
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train import TrainConfig, list_checkpoints, load_model_weights, train
+from lmforge.train.budget import CALIBRATION_STEPS
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 
@@ -90,11 +91,13 @@ def test_time_budget_fixes_a_step_count(prepared, tmp_path, monkeypatch):
             self.now += 0.01
             return self.now
 
-    monkeypatch.setattr(loop, "time", FakeClock())
-    result = train(MODEL, _cfg(max_steps=0, minutes=0.05), prepared.shard_dir, tmp_path)
+    clock = BudgetClock(FakeClock().perf_counter)
+    result = train(
+        MODEL, _cfg(max_steps=0, minutes=0.05), prepared.shard_dir, tmp_path, clock=clock
+    )
     state = torch.load(result.checkpoint / "trainer_state.pt", weights_only=True)
     assert state["total_steps"] is not None
-    assert loop.CALIBRATION_STEPS + 1 < result.step <= state["total_steps"]
+    assert CALIBRATION_STEPS + 1 < result.step <= state["total_steps"]
     assert state["seconds"] == pytest.approx(3.0, abs=0.5)
 
 

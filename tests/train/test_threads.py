@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import lmforge.train.loop as loop
+from lmforge.budget_clock import BudgetClock
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
@@ -93,8 +94,8 @@ def _cfg(**kw):
     return TrainConfig(**{**base, "eval_batches": 2, "log_every": 2, "device": "cpu", **kw})
 
 
-def _fake_step_times(monkeypatch, ms_per_step):
-    """Make the loop's clock read as if a step took ms_per_step[current thread count]."""
+def _fake_step_times(monkeypatch, ms_per_step) -> BudgetClock:
+    """A budget clock that reads as if a step took ms_per_step[current thread count]."""
 
     class Clock:
         now = 0.0
@@ -103,8 +104,8 @@ def _fake_step_times(monkeypatch, ms_per_step):
             self.now += ms_per_step[torch.get_num_threads()] / 2000  # two readings per step
             return self.now
 
-    monkeypatch.setattr(loop, "time", Clock())
     monkeypatch.setattr(loop, "peak_flops", lambda device, dtype: 1e11)  # no matmul timing
+    return BudgetClock(Clock().perf_counter)
 
 
 def test_the_loop_trains_on_with_the_faster_count_and_logs_it(prepared, tmp_path, monkeypatch):
@@ -112,8 +113,8 @@ def test_the_loop_trains_on_with_the_faster_count_and_logs_it(prepared, tmp_path
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _fake_step_times(monkeypatch, {2: 900, 1: 300})
-        result = train(MODEL, _cfg(), prepared.shard_dir, tmp_path)
+        clock = _fake_step_times(monkeypatch, {2: 900, 1: 300})
+        result = train(MODEL, _cfg(), prepared.shard_dir, tmp_path, clock=clock)
         assert torch.get_num_threads() == 2  # the process's count is restored
     finally:
         torch.set_num_threads(before)
@@ -124,12 +125,14 @@ def test_the_loop_trains_on_with_the_faster_count_and_logs_it(prepared, tmp_path
 
 
 def test_flag_and_environment_override_the_choice(prepared, tmp_path, monkeypatch, capsys):
-    _fake_step_times(monkeypatch, {2: 300, 1: 900})  # a trial would keep 2 threads
+    clock = _fake_step_times(monkeypatch, {2: 300, 1: 900})  # a trial would keep 2 threads
     monkeypatch.setenv("LMFORGE_THREADS", "1")
-    result = train(MODEL, _cfg(max_steps=8), prepared.shard_dir, tmp_path / "env")
+    result = train(MODEL, _cfg(max_steps=8), prepared.shard_dir, tmp_path / "env", clock=clock)
     assert result.threads == 1
     assert "threads 1 (LMFORGE_THREADS)" in capsys.readouterr().out
     logs = read_metrics(tmp_path / "env" / "metrics.jsonl")
     assert {r["threads"] for r in logs if "loss" in r} == {1}
-    result = train(MODEL, _cfg(max_steps=8), prepared.shard_dir, tmp_path / "flag", threads=1)
+    result = train(
+        MODEL, _cfg(max_steps=8), prepared.shard_dir, tmp_path / "flag", threads=1, clock=clock
+    )
     assert result.threads == 1 and "threads 1 (--threads)" in capsys.readouterr().out
