@@ -74,8 +74,8 @@ def test_the_speedrun_trains_on_a_prose_corpus_with_prose_rules(stories, tmp_pat
     settings = ["train.max_steps=10", "data.val_fraction=0.1", "data.workers=1"]
     cfg = load_config("tiny", None, [f'data.path="{stories}"', *settings])
     assert cfg.data.quality_profile == "auto"
-    report = speedrun(cfg, tmp_path / "run")
-    assert report.exists()
+    run = speedrun(cfg, tmp_path / "run")
+    assert run.report.exists() and not run.result.interrupted
     stats = json.loads((tmp_path / "run" / "data" / "stats.json").read_text())
     assert stats["quality_profiles"] == {"prose": 300}  # every story judged by Gopher's rules
     kept = stats["documents"]["train"] + stats["documents"]["val"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,13 +143,12 @@ def cmd_rl(args: argparse.Namespace) -> int:
 
     from lmforge.posttrain.grpo import grpo
     from lmforge.report.rl_report import write_rl_report
+    from lmforge.stages import command_status
 
     result = grpo(args.checkpoint, out, cfg, lora, fresh=args.fresh, threads=args.threads)
-    if result.interrupted:
-        from lmforge.train.signals import exit_status, stopped_message
-
-        print(stopped_message(result.stop_signal, result.step, result.checkpoint), file=sys.stderr)
-        return exit_status(result.stop_signal)
+    status = command_status(result)
+    if status:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
+        return status
     report = write_rl_report(out)
     start, final = result.start_accuracy, result.final_accuracy
     print(
@@ -198,6 +196,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     from lmforge.config import to_dict
     from lmforge.posttrain.sft import sft
+    from lmforge.stages import command_status
 
     result = sft(
         args.checkpoint,
@@ -212,11 +211,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
         threads=args.threads,
         run_config=to_dict(cfg),
     )
-    if result.interrupted:
-        from lmforge.train.signals import exit_status, stopped_message
-
-        print(stopped_message(result.stop_signal, result.step, result.checkpoint), file=sys.stderr)
-        return exit_status(result.stop_signal)
+    status = command_status(result)
+    if status:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
+        return status
     final = result.final_eval
     print(
         f"done: step {result.step}, held-out assistant tokens ({final.tokens:,}): loss "

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 from lmforge.run_flags import (
@@ -84,23 +82,20 @@ def cmd_speedrun(args: argparse.Namespace) -> int:
     cfg = run_config(args)
 
     from lmforge.speedrun import speedrun
-    from lmforge.train.signals import RunStopped
+    from lmforge.stages import command_status, is_rank_zero
 
     if args.data:
         cfg = with_data(cfg, args.data)
-    try:
-        report = speedrun(
-            cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh, threads=args.threads
-        )
-    except RunStopped as e:  # training checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
-        print(e.message, file=sys.stderr)
-        return e.exit_status
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone writes the report
-        print(f"done: {report}")
-        if args.chat:
-            from lmforge.chat_speedrun import chat_speedrun
+    run = speedrun(cfg, args.out or Path("runs") / cfg.name, fresh=args.fresh, threads=args.threads)
+    status = command_status(run.result)
+    if status or not is_rank_zero():  # under torchrun, rank 0 alone writes the report
+        return status
+    print(f"done: {run.report}")
+    if args.chat:
+        from lmforge.chat_speedrun import chat_speedrun
 
-            print(f"done: {chat_speedrun(report.parent, report.parent / 'chat', fresh=args.fresh)}")
+        out = run.report.parent
+        print(f"done: {chat_speedrun(out, out / 'chat', fresh=args.fresh)}")
     return 0
 
 
@@ -110,7 +105,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     clock = BudgetClock()  # the time budget holds the command's start-up too
     cfg = run_config(args)  # a bad config is reported before torch is imported
 
-    from lmforge.speedrun import pretrain
+    from lmforge.stages import command_status, is_rank_zero, train_run
 
     shard_dir = None
     if args.data and (Path(args.data) / "meta.json").exists():
@@ -118,19 +113,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.data:
         cfg = with_data(cfg, args.data)
     out = args.out or Path("runs") / cfg.name
-    result, _ = pretrain(cfg, out, args.fresh, shard_dir, threads=args.threads, clock=clock)
-    rank_zero = int(os.environ.get("RANK", "0")) == 0
-    if result.interrupted:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143, so `&&` stops
-        from lmforge.train.signals import exit_status, stopped_message
-
-        if rank_zero:
-            message = stopped_message(result.stop_signal, result.step, result.checkpoint)
-            print(message, file=sys.stderr)
-        return exit_status(result.stop_signal)
-    if rank_zero:  # under torchrun, one summary line, not one per rank
+    result = train_run(cfg, out, args.fresh, shard_dir, args.threads, clock)
+    status = command_status(result)
+    if status == 0 and is_rank_zero():  # under torchrun, one summary line, not one per rank
         print(
             f"done: step {result.step}, periodic validation ({result.final_eval.tokens:,} "
             f"tokens): loss {result.final_eval.loss:.4f}, {result.final_eval.bpb:.4f} "
             f"bits/byte; checkpoint {result.checkpoint}"
         )
-    return 0
+    return status

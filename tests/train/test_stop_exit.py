@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-import lmforge.speedrun as speedrun_module
+import lmforge.stages as stages_module
 import lmforge.train.compose as compose_module
 from lmforge.cli import main
 from lmforge.train import list_checkpoints
@@ -55,7 +55,7 @@ def test_train_stopped_by_a_signal_exits_128_plus_it(
 def test_speedrun_stopped_by_sigterm_exits_143_before_evaluating(
     prepared, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(speedrun_module, "prepare_corpus", lambda *args: prepared)
+    monkeypatch.setattr(stages_module, "prepare_corpus", lambda *args: prepared)
     _signal_during_forward(monkeypatch, signal.SIGTERM, call=2)
     assert main(_tiny("speedrun", tmp_path)) == 143
     assert list_checkpoints(tmp_path / "checkpoints") == [tmp_path / "checkpoints" / "step_2"]
