@@ -48,16 +48,7 @@ class RunConfig:
         check_ranges(self)
         self.model.validate()
         self.train.validate()
-        if self.train.seq_len > self.model.max_seq_len:
-            raise LmforgeError(
-                f"train.seq_len {self.train.seq_len} exceeds model.max_seq_len "
-                f"{self.model.max_seq_len}: lower train.seq_len or raise model.max_seq_len"
-            )
-        if self.train.embed_lr and self.model.tie_embeddings:
-            raise LmforgeError(
-                "train.embed_lr is set but model.tie_embeddings shares the embedding with the "
-                "output head: set train.embed_lr=0 (one learning rate for both) or untie them"
-            )
+        self.train.check_model(self.model)
         specials = len(set(self.tokenizer.special_tokens))
         if self.tokenizer.vocab_size < 256 + specials:
             raise LmforgeError(

@@ -1,15 +1,17 @@
-"""The allowed range of every bounded numeric setting, checked as soon as a config is loaded.
+"""Allowed ranges and choices of settings, declared once on each config field, checked once.
 
-A value out of range is a one-line error naming the key and its range, before any work starts,
-instead of a failure deep inside torch (AdamW's "Invalid learning rate") minutes later. Keys
-left out here (`model.vocab_size` aside) are choices or flags, checked by their own section.
+A config section declares a bounded number as `ranged(default, Range)` and a choice as
+`one_of(default, choices)`; `check_fields` checks a section against its declarations and
+`check_ranges` every section of a run's config, as soon as it is loaded. A value out of range
+is a one-line error naming the key and its range, before any work starts, instead of a failure
+deep inside torch (AdamW's "Invalid learning rate") minutes later.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.errors import LmforgeError
@@ -39,63 +41,41 @@ AT_LEAST_1 = Range(1)
 NON_NEGATIVE = Range(0)
 FRACTION = Range(0, 1)  # [0, 1)
 
-RANGES: dict[str, Range] = {
-    "model.vocab_size": AT_LEAST_1,
-    "model.d_model": AT_LEAST_1,
-    "model.n_layers": AT_LEAST_1,
-    "model.n_heads": AT_LEAST_1,
-    "model.n_kv_heads": AT_LEAST_1,
-    "model.d_ff": AT_LEAST_1,
-    "model.max_seq_len": AT_LEAST_1,
-    "model.rope_theta": POSITIVE,
-    "model.norm_eps": POSITIVE,
-    "model.n_experts": NON_NEGATIVE,
-    "model.experts_per_token": AT_LEAST_1,
-    "tokenizer.vocab_size": Range(256),  # the 256 byte tokens come first
-    "tokenizer.train_bytes": NON_NEGATIVE,
-    "data.val_fraction": FRACTION,
-    "data.workers": NON_NEGATIVE,
-    "train.batch_size": AT_LEAST_1,
-    "train.seq_len": AT_LEAST_1,
-    "train.grad_accum_steps": AT_LEAST_1,
-    "train.lr": POSITIVE,
-    "train.min_lr_ratio": Range(0, 1, high_open=False),
-    "train.warmup_steps": NON_NEGATIVE,
-    "train.warmup_frac": Range(0, 1, high_open=False),
-    "train.decay_frac": FRACTION,
-    "train.max_steps": NON_NEGATIVE,
-    "train.minutes": NON_NEGATIVE,
-    "train.weight_decay": NON_NEGATIVE,
-    "train.beta1": FRACTION,
-    "train.beta2": FRACTION,
-    "train.muon_lr": POSITIVE,
-    "train.muon_momentum": FRACTION,
-    "train.embed_lr": NON_NEGATIVE,  # 0: lr
-    "train.grad_clip": NON_NEGATIVE,  # 0: no clipping
-    "train.eval_every": NON_NEGATIVE,  # 0: no periodic evaluation
-    "train.eval_batches": AT_LEAST_1,
-    "train.log_every": AT_LEAST_1,
-    "train.checkpoint_every": NON_NEGATIVE,  # 0: only at the end
-    "train.seed": NON_NEGATIVE,
-    "train.max_bad_steps": AT_LEAST_1,
-    "train.ddp_bucket_mb": POSITIVE,
-    "train.collective_timeout_s": POSITIVE,
-}
+
+def ranged(default: Any, allowed: Range) -> Any:
+    """A dataclass field whose numeric value must lie in `allowed` (checked by `check_fields`)."""
+    return field(default=default, metadata={"range": allowed})
+
+
+def one_of(default: str, choices: tuple[str, ...]) -> Any:
+    """A dataclass field whose value must be one of `choices` (checked by `check_fields`)."""
+    return field(default=default, metadata={"choices": choices})
+
+
+def check_fields(section: Any, prefix: str) -> None:
+    """Raise a one-line LmforgeError for the first field of the dataclass `section` (config
+    section `prefix`) outside the range or choices its field declares. None means "the
+    default" where a field allows it."""
+    for f in dataclasses.fields(section):
+        value, key = getattr(section, f.name), f"{prefix}.{f.name}"
+        allowed = f.metadata.get("range")
+        if allowed is not None and value is not None and not _within(value, allowed):
+            raise LmforgeError(f"{key} is {value!r}: it must be {allowed} (--set {key}=VALUE)")
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise LmforgeError(f"{key} is {value!r}: choose one of {', '.join(choices)}")
 
 
 def check_ranges(cfg: Any) -> None:
-    """Raise a one-line LmforgeError for the first numeric setting of `cfg` (a RunConfig) that
-    is not a finite number in its range."""
-    for key, allowed in RANGES.items():
-        section, name = key.split(".")
-        part = getattr(cfg, section, None)
-        if part is None or name not in {f.name for f in dataclasses.fields(part)}:
-            continue
-        value = getattr(part, name)
-        if value is None:  # None means "the default" where a key allows it
-            continue
-        if not math.isfinite(value) or value not in allowed:
-            raise LmforgeError(f"{key} is {value!r}: it must be {allowed} (--set {key}=VALUE)")
+    """`check_fields` on every section of `cfg` (a RunConfig): model, tokenizer, data, train."""
+    for f in dataclasses.fields(cfg):
+        part = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(part):
+            check_fields(part, f.name)
+
+
+def _within(value: float, allowed: Range) -> bool:
+    return math.isfinite(value) and value in allowed
 
 
 def _num(x: float) -> str:

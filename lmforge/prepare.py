@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmforge.atomic import write_json
+from lmforge.config_ranges import FRACTION, NON_NEGATIVE, Range, ranged
 from lmforge.data import (
     DOC_SEPARATOR,
     Document,
@@ -38,8 +39,8 @@ QUALITY_PROFILES = ("auto", "code", "prose", "off")
 @dataclass
 class DataConfig:
     path: str = ""  # empty: the Python standard library's source
-    val_fraction: float = 0.01
-    workers: int = 0  # 0: all cores
+    val_fraction: float = ranged(0.01, FRACTION)
+    workers: int = ranged(0, NON_NEGATIVE)  # 0: all cores
     # The quality rules: auto picks code or prose rules per document, code/prose apply one set
     # to every document, off skips them (lmforge.data.pipeline.corpus).
     quality_profile: str = "auto"
@@ -57,14 +58,14 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    vocab_size: int = 4096
+    vocab_size: int = ranged(4096, Range(256))  # the 256 byte tokens come first
     pattern: str = "gpt2"
     # <|endoftext|> separates documents; the ChatML pair marks chat turns
     # (tokenizer/chat_template.py)
     special_tokens: list[str] = field(
         default_factory=lambda: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     )
-    train_bytes: int = 0  # 0: all training documents; else the first N bytes of them
+    train_bytes: int = ranged(0, NON_NEGATIVE)  # 0: all training documents; else the first N
 
 
 @dataclass

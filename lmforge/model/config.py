@@ -5,23 +5,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from lmforge.config_ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, check_fields, ranged
 from lmforge.errors import LmforgeError
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 4096
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
-    d_ff: int | None = None  # None: 8/3 · d_model rounded up to a multiple of 64
-    max_seq_len: int = 256
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
+    vocab_size: int = ranged(4096, AT_LEAST_1)
+    d_model: int = ranged(256, AT_LEAST_1)
+    n_layers: int = ranged(4, AT_LEAST_1)
+    n_heads: int = ranged(4, AT_LEAST_1)
+    n_kv_heads: int | None = ranged(None, AT_LEAST_1)  # None: as many as n_heads
+    d_ff: int | None = ranged(None, AT_LEAST_1)  # None: 8/3 · d_model rounded up to 64s
+    max_seq_len: int = ranged(256, AT_LEAST_1)
+    rope_theta: float = ranged(10000.0, POSITIVE)
+    norm_eps: float = ranged(1e-5, POSITIVE)
     tie_embeddings: bool = False
-    n_experts: int = 0  # above 0: every block's MLP is a sparse mixture of this many experts
-    experts_per_token: int = 2  # top-k experts each token is routed to
+    n_experts: int = ranged(0, NON_NEGATIVE)  # above 0: every MLP is a mixture of this many
+    experts_per_token: int = ranged(2, AT_LEAST_1)  # top-k experts each token is routed to
     # The mixture's options (model/moe.py); the defaults are Mixtral's router.
     moe_router: str = "softmax"  # "softmax" | "sigmoid": how the fp32 logits become scores
     moe_renormalize: bool = True  # the k chosen weights are rescaled to sum to 1
@@ -54,17 +55,8 @@ class ModelConfig:
         return self.ffn_dim if self.moe_expert_d_ff is None else self.moe_expert_d_ff
 
     def validate(self) -> None:
-        sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len")
-        for name in (*sizes, "n_kv_heads", "d_ff"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise LmforgeError(f"model.{name} is {value}: set it to a positive integer")
-        for name in ("rope_theta", "norm_eps"):
-            if not getattr(self, name) > 0:
-                raise LmforgeError(f"model.{name} is {getattr(self, name)}: set it above 0")
-        if self.n_experts < 0 or (
-            self.n_experts and not 1 <= self.experts_per_token <= self.n_experts
-        ):
+        check_fields(self, "model")
+        if self.n_experts and self.experts_per_token > self.n_experts:
             raise LmforgeError(
                 f"model.n_experts={self.n_experts}, model.experts_per_token="
                 f"{self.experts_per_token}: use n_experts 0 (dense) or 1 <= experts_per_token "

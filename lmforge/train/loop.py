@@ -413,11 +413,7 @@ def _checked_model(
 ) -> ModelConfig:
     """`model_config` with the data's vocabulary, refused where the run cannot train it."""
     model_config = dataclasses.replace(model_config, vocab_size=data.vocab_size)
-    if cfg.seq_len > model_config.max_seq_len:
-        raise LmforgeError(
-            f"train.seq_len {cfg.seq_len} exceeds model.max_seq_len {model_config.max_seq_len}: "
-            "lower one or raise the other"
-        )
+    cfg.check_model(model_config)
     model_config.validate()
     if world.is_distributed:
         from lmforge.train.distributed import check_parallel
