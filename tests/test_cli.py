@@ -178,6 +178,7 @@ SURFACE = {
         "--device",
         "--precision",
         "--threads",
+        "--parallel",
         "--out",
         "--fresh",
     },

@@ -1,7 +1,6 @@
 """The run folder: folders the previous release wrote (tests/fixtures/old_runs, made by its
 `claim_run_dir`s) still resume, refuse another config in one line, and take a new length."""
 
-import dataclasses
 import shutil
 from pathlib import Path
 
@@ -11,13 +10,14 @@ from lmforge.config import RUN_FOLDER, apply_override, config_text, preset
 from lmforge.errors import LmforgeError
 from lmforge.model.lora_spec import LoraSpec
 from lmforge.posttrain.grpo import RL_FOLDER
-from lmforge.posttrain.rl_config import RlConfig
+from lmforge.posttrain.rl_config import RlConfig, recorded
 from lmforge.run_dir import RunDir, RunKind
 
 OLD_RUNS = Path(__file__).parent / "fixtures" / "old_runs"
-# What made the RL fixture: the settings grpo() recorded for this run.
+# What made the RL fixture: the settings grpo() recorded for this run (settings added since
+# are recorded only where they differ from the values such runs had).
 OLD_RL = {
-    **dataclasses.asdict(RlConfig(steps=3, prompts_per_step=4, group_size=4, lr=2e-5)),
+    **recorded(RlConfig(steps=3, prompts_per_step=4, group_size=4, lr=2e-5)),
     "base": "runs/tiny/checkpoints/step_100",
     "lora": LoraSpec().to_dict(),
 }

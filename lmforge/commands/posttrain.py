@@ -106,6 +106,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda, mps or auto")
     p.add_argument("--precision", choices=["fp32", "bf16", "auto"], help="compute precision")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's)")
+    p.add_argument(
+        "--parallel", metavar="LAYOUT", help="under torchrun: dp=N or fsdp=N (default: all dp)"
+    )
     add_run_options(p)
     p.set_defaults(func=cmd_rl)
 
@@ -114,14 +117,16 @@ RL_KEYS = """\
 other settings (--set rl.KEY=VALUE): eps_low=0.2 eps_high=0.28 (clip-higher), micro_batch=32,
   warmup_steps=5, grad_clip=1.0, max_refills=4 (dynamic sampling rounds), eval_every=25,
   eval_problems=500, eval_samples=4 (sampled per problem), eval_seed=1234 (the fixed held-out
-  problems), train_problems=4000, checkpoint_every=25, engine_batch=128 (decode slots)
+  problems), train_problems=4000, checkpoint_every=25, engine_batch=128 (decode slots),
+  beta1=0.9 beta2=0.99 (AdamW), max_bad_steps=25 (non-finite steps in a row before it stops),
+  activation_checkpointing=none|full|selective, compile=false, collective_timeout_s=600
 """
 
 # Flags that set one RlConfig field each: (flag attribute, field).
 _RL_FLAGS = (
     "task", "group_size", "prompts_per_step", "steps", "minutes", "lr", "num_iterations",
     "max_new_tokens", "temperature", "top_k", "scale_rewards", "loss_norm", "beta",
-    "dynamic_sampling", "seed", "device", "precision",
+    "dynamic_sampling", "seed", "device", "precision", "parallel",
 )  # fmt: skip
 
 
@@ -143,12 +148,14 @@ def cmd_rl(args: argparse.Namespace) -> int:
 
     from lmforge.posttrain.grpo import grpo
     from lmforge.report.rl_report import write_rl_report
-    from lmforge.stages import command_status
+    from lmforge.stages import command_status, is_rank_zero
 
     result = grpo(args.checkpoint, out, cfg, lora, fresh=args.fresh, threads=args.threads)
     status = command_status(result)
     if status:  # checkpointed on Ctrl-C or SIGTERM: exit 130 or 143
         return status
+    if not is_rank_zero():  # under torchrun rank 0 alone reports
+        return 0
     report = write_rl_report(out)
     start, final = result.start_accuracy, result.final_accuracy
     print(

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
+from lmforge.parallel.layout import parse_layout
+from lmforge.train.config import CHECKPOINTING_MODES
 
 DYNAMIC_SAMPLING = ("drop", "count")
 SCALES = ("group", "batch", "none")
@@ -58,6 +60,15 @@ class RlConfig:
     precision: str = "fp32"
     device: str = "auto"
     engine_batch: int = 128  # the engine's decode slots (a 16 x 8 round at once)
+    # Settings of the shared training core (train/compose.py, train/step.py), added later:
+    # recorded in rl_config.json only where they differ from these defaults (`recorded`).
+    beta1: float = 0.9  # AdamW's betas
+    beta2: float = 0.99
+    max_bad_steps: int = 25  # stop after this many non-finite optimizer steps in a row
+    parallel: str = ""  # under torchrun: dp=N or fsdp=N (the rest of the world is dp)
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: bool = False  # torch.compile per transformer block (the policy's training copy)
+    collective_timeout_s: float = 600.0  # a collective waiting longer fails (a rank died)
 
     def validate(self) -> None:
         positive = (
@@ -90,6 +101,49 @@ class RlConfig:
                 "rl.lr (0: scaled to the model's width), eps_low, eps_high and beta must be "
                 "at least 0"
             )
+        self._validate_core()
+
+    def _validate_core(self) -> None:
+        """The shared training core's settings."""
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise LmforgeError(
+                f"rl.beta1 and rl.beta2 are {self.beta1} and {self.beta2}: AdamW's betas lie "
+                "in [0, 1)"
+            )
+        if self.max_bad_steps < 1 or self.collective_timeout_s <= 0:
+            raise LmforgeError(
+                "rl.max_bad_steps must be at least 1 and rl.collective_timeout_s above 0, got "
+                f"{self.max_bad_steps} and {self.collective_timeout_s}"
+            )
+        if self.activation_checkpointing not in CHECKPOINTING_MODES:
+            raise LmforgeError(
+                f"rl.activation_checkpointing is {self.activation_checkpointing!r}: choose one "
+                f"of {', '.join(CHECKPOINTING_MODES)}"
+            )
+        unsupported = sorted(set(parse_layout(self.parallel)) - {"dp", "fsdp"})
+        if unsupported:
+            raise LmforgeError(
+                f"--parallel {self.parallel}: rl trains with data parallelism only (dp, fsdp), "
+                f"not {', '.join(unsupported)}: use e.g. --parallel fsdp=2"
+            )
+
+
+ADDED_LATER = {
+    "beta1": 0.9, "beta2": 0.99, "max_bad_steps": 25, "parallel": "",
+    "activation_checkpointing": "none", "compile": False, "collective_timeout_s": 600.0,
+}  # fmt: skip
+"""Settings an rl run folder of an earlier release does not record, with the values it ran
+with: left out of `recorded` at these values, so such a folder still resumes."""
+
+
+def recorded(cfg: RlConfig) -> dict:
+    """`cfg` as rl_config.json records it: every setting, except those of `ADDED_LATER` that
+    keep the value runs had before they could be set."""
+    return {
+        k: v
+        for k, v in dataclasses.asdict(cfg).items()
+        if k not in ADDED_LATER or v != ADDED_LATER[k]
+    }
 
 
 def with_settings(cfg: RlConfig, items: list[str]) -> RlConfig:
@@ -104,6 +158,11 @@ def with_settings(cfg: RlConfig, items: list[str]) -> RlConfig:
                 f"--set {item!r}: rl takes rl.KEY=VALUE with KEY one of {', '.join(fields)}"
             )
         kind = type(getattr(cfg, name))
+        if kind is bool:
+            if text.strip().lower() not in ("true", "false", "1", "0"):
+                raise LmforgeError(f"--set {item!r}: {name} takes true or false")
+            changes[name] = text.strip().lower() in ("true", "1")
+            continue
         try:
             changes[name] = kind(float(text)) if kind in (int, float) else text
         except ValueError:

@@ -3,9 +3,12 @@ probabilities of their tokens, and greedy answers for held-out accuracy.
 
 The engine decodes a copy of the policy (its KV cache and compiled step are built once, for
 the whole run); after each optimizer step `sync` copies the trainer's weights into that copy
-in place (`Engine.load_weights`). Every request has its own seed, a function of the run's seed,
-the step and the request's place in the batch, so a step's rollouts are the same whatever else
-is batched with them, and a resumed run samples what the first run did.
+in place (`Engine.load_weights`), gathering them whole first when FSDP shards them. Every
+request has its own seed, a function of the run's seed, the step and the request's place in the
+whole batch, so a step's rollouts are the same whatever else is batched with them, a resumed
+run samples what the first run did, and under torchrun the ranks can each sample a share of a
+batch (`Shares`: rank r takes problems r, r + size, ...) and gather the same rollouts one
+process samples.
 """
 
 from __future__ import annotations
@@ -15,20 +18,25 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.model import Transformer
+from lmforge.parallel.world import World
 from lmforge.posttrain.tasks.problem import Problem
 from lmforge.tokenizer.chat_template import ChatTemplate, Message
 
 SEED_MODULUS = 2**63
+T = TypeVar("T")
 
 
 @dataclass
 class Rollout:
-    group: int  # the index of its prompt in the batch
+    group: int  # the index of its prompt in the (whole) batch
     prompt_ids: list[int]
     completion_ids: list[int]  # as sampled, the token that ended the reply included
     logprobs: list[float]  # the engine's log p of each completion token (softmax at T = 1)
@@ -49,6 +57,48 @@ class RolloutBatch:
 def request_seed(seed: int, step: int, index: int) -> int:
     """The sampling seed of request `index` of rollout round `step`."""
     return (((seed * 1_000_003) + step) * 1_000_033 + index) % SEED_MODULUS
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How the ranks of a run split a batch of problems: rank `rank` of `size` takes the
+    problems at `mine(n)`; `gather` hands every rank all the results in the batch's order. The
+    default, one process, takes them all."""
+
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def of(cls, world: World) -> Shares:
+        return cls(world.rank, world.layout.world_size) if world.is_distributed else cls()
+
+    def mine(self, n: int) -> list[int]:
+        """The indices of this rank's problems in a batch of `n`."""
+        return list(range(self.rank, n, self.size))
+
+    def gather(self, local: list[tuple[int, T]]) -> list[T]:
+        """Every rank's (index, result) pairs as the results in index order (a collective
+        when there are several ranks: every rank must call it)."""
+        pairs = local
+        if self.size > 1:
+            parts: list[Any] = [None] * self.size
+            dist.all_gather_object(parts, local)
+            pairs = [pair for part in parts for pair in part]
+        return [result for _, result in sorted(pairs, key=lambda pair: pair[0])]
+
+
+ONE_PROCESS = Shares()
+"""The shares of a run on one process: all of every batch."""
+
+
+class _Weights:
+    """A state dict where `Engine.load_weights` expects a module."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state
 
 
 class RolloutEngine:
@@ -74,8 +124,13 @@ class RolloutEngine:
     def prompt_ids(self, problem: Problem) -> list[int]:
         return self.template.prompt_ids([Message("user", problem.prompt)])
 
-    def sync(self, policy: Transformer) -> None:
-        """Load the policy's current weights into the engine's copy."""
+    def sync(self, policy: nn.Module) -> None:
+        """Load the policy's current weights into the engine's copy. Weights that FSDP
+        shards are gathered whole first: then every rank must call this (a collective)."""
+        if any(hasattr(p, "device_mesh") for p in policy.parameters()):
+            from lmforge.parallel.state import full_state_dict
+
+            policy = _Weights(full_state_dict(policy))
         self.engine.load_weights(policy)
 
     def sample(
@@ -86,12 +141,17 @@ class RolloutEngine:
         top_k: int,
         seed: int,
         step: int,
+        indices: Sequence[int] | None = None,
     ) -> RolloutBatch:
-        """`group_size` completions of each problem, laid out group after group."""
+        """`group_size` completions of each problem, laid out group after group. `indices`:
+        the problems' places in the whole batch when these are a share of it (default: their
+        places here); the sampling seeds and each rollout's `group` follow them."""
         prompts = [self.prompt_ids(p) for p in problems]
-        requests, params = [], []
-        for i, ids in enumerate(prompts):
+        indices = range(len(prompts)) if indices is None else indices
+        requests, params, groups = [], [], []
+        for i, ids in zip(indices, prompts, strict=True):
             for j in range(group_size):
+                groups.append(i)
                 requests.append(ids)
                 params.append(
                     SamplingParams(
@@ -109,7 +169,7 @@ class RolloutEngine:
         seconds = time.perf_counter() - start
         rollouts = [
             Rollout(
-                group=k // group_size,
+                group=groups[k],
                 prompt_ids=requests[k],
                 completion_ids=c.token_ids,
                 logprobs=c.logprobs or [],
@@ -206,20 +266,29 @@ def held_out_accuracy(
     top_k: int = 0,
     seed: int = 0,
     keep_replies: int = 3,
+    shares: Shares = ONE_PROCESS,
 ) -> Accuracy:
     """`reward` (exact answer: 1 when right) of each problem's greedy reply and of `samples`
-    sampled completions (seeded by `seed` alone, so every stage draws alike)."""
+    sampled completions (seeded by `seed` alone, so every stage draws alike). With `shares`,
+    each rank answers its share of the problems and every rank gets the whole result."""
 
     def right(problem: Problem, reply: str) -> bool:
         return reward(problem.prompt, reply, **problem.reward_fields()) >= 1.0
 
-    replies = engine.answers(problems)
-    greedy = [right(p, reply) for p, reply in zip(problems, replies, strict=True)]
+    mine = shares.mine(len(problems))
+    local = [problems[i] for i in mine]
+    replies = engine.answers(local)
+    greedy = [right(p, reply) for p, reply in zip(local, replies, strict=True)]
     scores = [float(g) for g in greedy]
     if samples:
-        batch = engine.sample(problems, samples, temperature, top_k, seed, EVAL_ROUND)
+        batch = engine.sample(local, samples, temperature, top_k, seed, EVAL_ROUND, mine)
         hits = [right(problems[r.group], r.text) for r in batch.rollouts]
-        scores = [_mean(hits[i * samples : (i + 1) * samples]) for i in range(len(problems))]
+        scores = [_mean(hits[k * samples : (k + 1) * samples]) for k in range(len(local))]
+    rows = zip(replies, greedy, scores, strict=True)
+    results = shares.gather(list(zip(mine, rows, strict=True)))
+    replies = [reply for reply, _, _ in results]
+    greedy = [hit for _, hit, _ in results]
+    scores = [score for _, _, score in results]
     examples = [
         {"prompt": p.prompt, "reply": reply, "right": hit}
         for p, reply, hit in zip(problems[:keep_replies], replies, greedy, strict=False)

@@ -2,6 +2,9 @@
 take or skip the update, all without the host waiting for the device (with lmforge's optimizers;
 one that cannot skip on the device makes the host read the verdict, see `optim.step_unless`).
 
+`optimizer_step` is the part after backward, shared by every trainer: pretraining and SFT
+(`train_step`) and GRPO (posttrain/grpo.py) take their updates through it.
+
 A mixture-of-experts model adds its balance losses (aux, z) to what backward sees, while the
 reported loss stays the language-modelling loss, and nudges its balance biases after the step."""
 
@@ -42,8 +45,7 @@ def train_step(
     device: torch.device,
     measure_memory: bool = False,
 ) -> StepResult:
-    for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's matrices: muon_lr / lr
+    set_lr(optimizer, lr)
     precision = model.precision
     loss_sum = torch.zeros((), device=device)
     activation_bytes = 0
@@ -59,12 +61,35 @@ def train_step(
             balance = moe_losses(model.compute)
             precision.scale_loss((loss + balance) / grad_accum_steps).backward()
         loss_sum += loss.detach()
+    mean_loss = loss_sum / grad_accum_steps
+    grad_norm, bad = optimizer_step(model, optimizer, guard, mean_loss, grad_clip)
+    return StepResult(mean_loss, grad_norm, bad, activation_bytes)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's learning rate `lr` for every parameter group (times its `lr_scale`)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's matrices: muon_lr / lr
+
+
+def optimizer_step(
+    model: Composed,
+    optimizer: torch.optim.Optimizer,
+    guard: NonFiniteGuard,
+    loss: torch.Tensor,
+    grad_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Everything after the micro-batches' backward: the gradients onto the fp32 master
+    weights, unscaled (fp16) and clipped to `grad_clip`; the update taken, or skipped when
+    `loss` or the gradient norm is not finite (`guard` counts it); the precision's end of step,
+    MoE balance biases, and the weights back onto the compute copy. Returns (grad_norm, bad),
+    0-d tensors on the device (the host does not wait for them)."""
+    precision = model.precision
     model.grads_to_master()
     params = [p for p in model.master.parameters() if p.grad is not None]
     precision.unscale_([p.grad for p in params])
     grad_norm = clip_grad_norm(params, grad_clip)
-    mean_loss = loss_sum / grad_accum_steps
-    bad = guard.check(mean_loss, grad_norm)
+    bad = guard.check(loss, grad_norm)
     step_unless(optimizer, bad)
     optimizer.zero_grad(set_to_none=True)
     precision.end_step(bad)
@@ -73,7 +98,7 @@ def train_step(
     reduce = _sum_over_ranks if model.world.is_distributed else None
     update_biases(model.compute, reduce, model.master if model.copy is not None else None)
     model.weights_to_compute()
-    return StepResult(mean_loss, grad_norm, bad, activation_bytes)
+    return grad_norm, bad
 
 
 def _sum_over_ranks(counts: torch.Tensor) -> torch.Tensor:
