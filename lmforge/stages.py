@@ -52,7 +52,7 @@ class Data:
 class Ending:
     """How a run's training ended: what the command says and the status it exits with."""
 
-    how: str  # "finished" or "interrupted" (a diverged run raises its one-line LmforgeError)
+    how: str  # "finished" or "interrupted"
     exit_status: int  # 0, or 128 + the signal that stopped it (130 Ctrl-C, 143 SIGTERM)
     message: str  # for stderr when the run did not finish ("" when it did)
 
@@ -67,8 +67,15 @@ class Trained(Protocol):
 
 
 def ending(result: Trained) -> Ending:
-    """How `result`'s training ended. Stopped by a signal it checkpointed first and exits
-    128 + the signal, so `lmforge train && lmforge export` stops there."""
+    """How `result`'s training ended, and what the command then exits with:
+
+    - finished: its steps taken, or its time budget spent (a budgeted run ends on the last
+      step its budget holds, decayed): 0;
+    - interrupted: Ctrl-C or SIGTERM (or another rank's stop request) checkpointed first:
+      128 + the signal, so `lmforge train && lmforge export` stops there;
+    - diverged: the loop raises its one-line LmforgeError (naming the last finite checkpoint)
+      instead of returning, which the CLI prints and exits 2 with, as for every user error.
+    """
     if result.interrupted:
         message = stopped_message(result.stop_signal, result.step, result.checkpoint)
         return Ending("interrupted", exit_status(result.stop_signal), message)
