@@ -2,16 +2,25 @@
 resume and the report."""
 
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+import lmforge.posttrain.grpo as grpo_module
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.infer.engine import SamplingParams
 from lmforge.posttrain.grpo import RL_FOLDER, GroupSampler, PolicyTrainer, grpo
-from lmforge.posttrain.grpo_loss import token_logprobs
-from lmforge.posttrain.rl_config import RlConfig, width_scaled_lr, with_settings
+from lmforge.posttrain.grpo_loss import policy_loss, token_logprobs
+from lmforge.posttrain.rl_config import RlConfig, recorded, width_scaled_lr, with_settings
 from lmforge.posttrain.rollout import RolloutEngine, batch_tensors, held_out_accuracy, paired_gain
 from lmforge.posttrain.tasks import get_task
 from lmforge.report.rl_report import write_rl_report
@@ -20,6 +29,9 @@ from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config
 from lmforge.train.metrics import read_metrics
+from tests.posttrain.rl_main import digits_task
+
+RL_MAIN = Path(__file__).with_name("rl_main.py")
 
 SMALL = RlConfig(
     steps=3, prompts_per_step=4, group_size=4, max_new_tokens=12, micro_batch=8, eval_every=0,
@@ -181,6 +193,97 @@ def test_a_resumed_run_repeats_the_steps_of_an_unbroken_one(base_checkpoint, tmp
                 "zero_variance_groups"):  # fmt: skip
         assert key in steps[0], key
     assert steps[0]["engine_gap"] < 1e-4  # the engine sampled from the trainer's weights
+
+
+def _cli_flags(base, out, steps: int) -> list[str]:
+    return [
+        "rl", "--checkpoint", str(base), "--task", "digits", "--group-size", "3",
+        "--prompts-per-step", "3", "--max-new-tokens", "12", "--steps", str(steps), "--lr",
+        "1e-3", "--device", "cpu", "--threads", "1", "--out", str(out), "--set",
+        "rl.micro_batch=8", "--set", "rl.warmup_steps=1", "--set", "rl.eval_problems=4", "--set",
+        "rl.eval_samples=1", "--set", "rl.train_problems=200", "--set", "rl.engine_batch=16",
+        "--set", "rl.eval_every=0", "--set", "rl.checkpoint_every=1",
+    ]  # fmt: skip
+
+
+def test_a_run_killed_mid_way_and_resumed_repeats_an_unbroken_one(base_checkpoint, tmp_path):
+    """SIGKILL (no chance to save) once the step-2 checkpoint is written; the same command
+    then resumes from the newest complete checkpoint and ends where an unbroken run ends."""
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    env = {**os.environ, "LMFORGE_PROGRESS": "0"}
+    run = subprocess.Popen(
+        [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, killed, 5)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (killed / "checkpoints" / "step_2").is_dir():
+        assert run.poll() is None, run.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the run did not reach step 2"
+        time.sleep(0.01)
+    run.send_signal(signal.SIGKILL)
+    run.communicate(timeout=60)
+    assert run.returncode == -signal.SIGKILL and not (killed / "rl.json").exists()
+    with digits_task():
+        assert main(_cli_flags(base_checkpoint, killed, 5)) == 0
+        assert main(_cli_flags(base_checkpoint, straight, 5)) == 0
+    assert _untimed(killed) == _untimed(straight)
+    assert [m["step"] for m in _untimed(killed)] == list(range(1, 6))
+    a, _ = load_checkpoint(straight)
+    b, _ = load_checkpoint(killed)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_a_non_finite_loss_is_skipped_and_stops_the_run_like_pretraining(
+    base_checkpoint, tmp_path, monkeypatch
+):
+    """The non-finite guard of the shared core: a NaN loss skips the update (the weights and
+    the optimizer stay as they were, the step is counted), and `max_bad_steps` such steps in a
+    row stop the run with one line naming the last good checkpoint."""
+    out = tmp_path / "rl"
+    cfg = with_settings(SMALL, ["rl.max_bad_steps=2"])
+    grpo(base_checkpoint, out, replace(cfg, steps=1), quiet=True, reward=_digits)
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = policy_loss(*args, **kwargs)
+        return loss * math.nan, stats
+
+    monkeypatch.setattr(grpo_module, "policy_loss", nan_loss)
+    with pytest.raises(LmforgeError) as stopped:
+        grpo(base_checkpoint, out, replace(cfg, steps=6), quiet=True, reward=_digits)
+    good = out / "checkpoints" / "step_1"
+    assert str(stopped.value) == (
+        "rl stopped at step 3: 2 optimizer steps in a row had a non-finite loss or gradient "
+        f"norm and were skipped; the last good checkpoint is {good}: lower rl.lr or change "
+        "--precision, then resume from it (or start over with --fresh)"
+    )
+    steps = [m for m in read_metrics(out / "metrics.jsonl") if "reward_mean" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m["skipped_steps"] for m in steps] == [0, 1, 2]
+    assert math.isnan(steps[1]["loss"]) and math.isnan(steps[2]["grad_norm"])
+    a, _ = load_checkpoint(good)
+    b, _ = load_checkpoint(out / "checkpoints" / "step_2")  # saved after a skipped step
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    assert not (out / "checkpoints" / "step_3").exists()
+
+
+def test_the_optimizer_betas_are_settings_recorded_where_they_change(policy):
+    model, _ = policy
+
+    def betas(cfg):
+        return PolicyTrainer(model, cfg, torch.device("cpu")).optimizer.defaults["betas"]
+
+    assert betas(SMALL) == (0.9, 0.99)  # what GRPO always used
+    cfg = with_settings(SMALL, ["rl.beta1=0.8", "rl.beta2=0.95", "rl.compile=false"])
+    assert betas(cfg) == (0.8, 0.95)
+    assert "beta1" not in recorded(SMALL) and recorded(cfg)["beta2"] == 0.95
+    with pytest.raises(LmforgeError, match="betas lie in"):
+        with_settings(SMALL, ["rl.beta2=1"]).validate()
+    with pytest.raises(LmforgeError, match="data parallelism only"):
+        with_settings(SMALL, ["rl.parallel=tp=2"]).validate()
+    with pytest.raises(LmforgeError, match="takes true or false"):
+        with_settings(SMALL, ["rl.compile=maybe"])
 
 
 def test_the_command_writes_the_summary_and_report(base_checkpoint, tmp_path, capsys):
