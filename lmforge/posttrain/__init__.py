@@ -1,7 +1,8 @@
 """Post-training: supervised fine-tuning on conversations (sft.py, sft_data.py), LoRA adapters
 in PEFT's format (model/lora.py and model/peft.py, which inference loads too), verifiable tasks
 and their rewards (tasks/), and GRPO (grpo.py, its arithmetic in grpo_loss.py, its rollouts
-from lmforge's engine in rollout.py).
+from lmforge's engine in rollout.py, a step's groups in groups.py and its updates on the
+shared training core in policy_update.py).
 
 Names import their module (and torch) on first use.
 """

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import lmforge.posttrain.grpo as grpo_module
+import lmforge.posttrain.policy_update as policy_update
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.infer.engine import SamplingParams
@@ -248,7 +248,7 @@ def test_a_non_finite_loss_is_skipped_and_stops_the_run_like_pretraining(
         loss, stats = policy_loss(*args, **kwargs)
         return loss * math.nan, stats
 
-    monkeypatch.setattr(grpo_module, "policy_loss", nan_loss)
+    monkeypatch.setattr(policy_update, "policy_loss", nan_loss)
     with pytest.raises(LmforgeError) as stopped:
         grpo(base_checkpoint, out, replace(cfg, steps=6), quiet=True, reward=_digits)
     good = out / "checkpoints" / "step_1"
