@@ -73,7 +73,8 @@ def ending(result: Trained) -> Ending:
       step its budget holds, decayed): 0;
     - interrupted: Ctrl-C or SIGTERM (or another rank's stop request) checkpointed first:
       128 + the signal, so `lmforge train && lmforge export` stops there;
-    - diverged: the loop raises its one-line LmforgeError (naming the last finite checkpoint)
+    - diverged: `max_bad_steps` non-finite steps in a row; the loop raises
+      `lmforge.train.guard.Diverged` (a one-line LmforgeError naming the last good checkpoint)
       instead of returning, which the CLI prints and exits 2 with, as for every user error.
     """
     if result.interrupted:

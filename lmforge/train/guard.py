@@ -7,7 +7,16 @@ steps, and stops the run once `max_bad_steps` bad steps have come in a row.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from lmforge.errors import LmforgeError
+
+
+class Diverged(LmforgeError):
+    """A run stopped because `max_bad_steps` steps in a row were non-finite (a user error: the
+    CLI prints its one line, naming the last good checkpoint, and exits 2)."""
 
 
 class NonFiniteGuard:
@@ -30,6 +39,23 @@ class NonFiniteGuard:
     def diverged(self) -> bool:
         """Whether `max_bad_steps` steps in a row were bad (reads the device)."""
         return int(self.longest) >= self.max_bad_steps
+
+    def stop_if_diverged(
+        self, step: int, last_good: Path | None, run: str = "training", lr_key: str = "train.lr"
+    ) -> None:
+        """Raise `Diverged` once `max_bad_steps` steps in a row were bad (reads the device)."""
+        if not self.diverged():
+            return
+        where = (
+            f"the last good checkpoint is {last_good}"
+            if last_good is not None
+            else "no checkpoint was saved before it"
+        )
+        raise Diverged(
+            f"{run} stopped at step {step}: {self.max_bad_steps} steps in a row had a non-finite "
+            f"loss or gradient norm and were skipped; {where}: lower {lr_key} or change "
+            "--precision, then resume from it (or start over with --fresh)"
+        )
 
     def clean(self) -> bool:
         """Whether the latest step was good (reads the device)."""

@@ -349,9 +349,7 @@ class Trainer:
             f"{record['step_time_s'] * 1000:.0f} ms/step mfu {record['mfu']:.1%}"
             + (f" skipped {record['skipped_steps']}" if record["skipped_steps"] else "")
         )
-        if self.guard.diverged():
-            last_good = self.checkpointer.last_good
-            raise LmforgeError(_diverged_message(self.step, self.cfg.max_bad_steps, last_good))
+        self.guard.stop_if_diverged(self.step, self.checkpointer.last_good)
         throughput.reset()
 
     def _peak_memory(self) -> int:
@@ -437,19 +435,6 @@ def _agreed_stop(stop: StopRequest, step: int, every: int, world: World) -> bool
         return False
     stop.signal = stop.signal or "another rank's stop request"
     return True
-
-
-def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> str:
-    where = (
-        f"the last good checkpoint is {last_good}"
-        if last_good is not None
-        else "no checkpoint was saved before it"
-    )
-    return (
-        f"training stopped at step {step}: {max_bad_steps} steps in a row had a non-finite loss "
-        f"or gradient norm and were skipped; {where}: lower train.lr or change --precision, "
-        "then resume from it (or start over with --fresh)"
-    )
 
 
 def _resumed_total(cfg: TrainConfig, state: dict) -> int | None:

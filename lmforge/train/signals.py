@@ -14,15 +14,6 @@ import threading
 from collections.abc import Iterator
 
 
-class RunStopped(KeyboardInterrupt):
-    """A multi-stage command (the speedrun) stopped after training checkpointed on a signal;
-    the later stages did not run."""
-
-    def __init__(self, message: str, exit_status: int) -> None:
-        super().__init__(message)
-        self.message, self.exit_status = message, exit_status
-
-
 def exit_status(signal_name: str | None) -> int:
     """128 + the number of the signal that stopped a run (SIGINT's 130 when none is named)."""
     number = signal.Signals.__members__.get(signal_name or "", signal.SIGINT)
