@@ -45,7 +45,6 @@ import torch
 
 from lmforge.budget_clock import BudgetClock
 from lmforge.device import pick_device
-from lmforge.errors import LmforgeError
 from lmforge.model.lora import apply_lora, count_trainable
 from lmforge.model.lora_spec import LoraSpec
 from lmforge.parallel.world import World, distributed
@@ -275,10 +274,7 @@ class RlRun:
         guard = self.trainer.guard
         record = _step_record(collected, trained, train_seconds)
         self.metrics.write(step=self.step, **record, skipped_steps=int(guard.skipped))
-        if guard.diverged():
-            raise LmforgeError(
-                _diverged_message(self.step, guard.max_bad_steps, self.checkpointer.last_good)
-            )
+        guard.stop_if_diverged(self.step, self.checkpointer.last_good, "rl", "rl.lr")
 
     def _finish(self, stop_signal: str | None, clock: BudgetClock) -> RlResult:
         """The closing evaluation (a stopped run only saves), checkpoint and summary."""
@@ -335,19 +331,6 @@ def evaluate_accuracy(
         engine, test, exact_answer, cfg.eval_samples, cfg.temperature, cfg.top_k, cfg.eval_seed,
         shares=shares,
     )  # fmt: skip
-
-
-def _diverged_message(step: int, max_bad_steps: int, last_good: Path | None) -> str:
-    where = (
-        f"the last good checkpoint is {last_good}"
-        if last_good is not None
-        else "no checkpoint was saved before it"
-    )
-    return (
-        f"rl stopped at step {step}: {max_bad_steps} optimizer steps in a row had a non-finite "
-        f"loss or gradient norm and were skipped; {where}: lower rl.lr or change --precision, "
-        "then resume from it (or start over with --fresh)"
-    )
 
 
 def _say(text: str) -> None:

@@ -28,6 +28,7 @@ from lmforge.run_dir import RunDir
 from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config
+from lmforge.train.guard import Diverged
 from lmforge.train.metrics import read_metrics
 from tests.posttrain.rl_main import digits_task
 
@@ -249,11 +250,11 @@ def test_a_non_finite_loss_is_skipped_and_stops_the_run_like_pretraining(
         return loss * math.nan, stats
 
     monkeypatch.setattr(policy_update, "policy_loss", nan_loss)
-    with pytest.raises(LmforgeError) as stopped:
+    with pytest.raises(Diverged) as stopped:
         grpo(base_checkpoint, out, replace(cfg, steps=6), quiet=True, reward=_digits)
     good = out / "checkpoints" / "step_1"
     assert str(stopped.value) == (
-        "rl stopped at step 3: 2 optimizer steps in a row had a non-finite loss or gradient "
+        "rl stopped at step 3: 2 steps in a row had a non-finite loss or gradient "
         f"norm and were skipped; the last good checkpoint is {good}: lower rl.lr or change "
         "--precision, then resume from it (or start over with --fresh)"
     )
