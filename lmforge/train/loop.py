@@ -1,19 +1,25 @@
 """The training loop: batches in, optimizer steps, periodic validation, metrics and checkpoints out.
 
-One loop serves every command that trains. It runs for `max_steps`, or for a wall-clock budget
-(`minutes`): then the first steps are timed and the step count that fits the budget is fixed;
-a WSD run re-fits it to the time actually left as it goes (budget.py), so a slowed machine still
-gets a full decay. Every change is a plan saved with the checkpoints (schedule.py), so the
-learning rate stays a pure function of the step and a resumed run repeats it. A resumed run
-given more steps (or a new budget) continues on a new schedule tail, finished or not. On a CPU
-the first steps also choose the thread count (lmforge.threads) unless one is given. How a step
-computes (precision, activation checkpointing, compile) is composed in compose.py and run by
-step.py; the host reads values back from the device only on log, evaluation and checkpoint
-steps.
+One training core serves every command that trains: pretraining and SFT run this loop, and GRPO
+(posttrain/) builds its policy and updates from the same components. `Trainer` builds them once
+from the config: the model composed for its device and layout (compose.py: precision,
+activation checkpointing, compile, DDP/FSDP/TP), the optimizer (optimizers.py) and schedule
+(schedule.py), the non-finite guard (guard.py), the data's batches (data.py), the metrics log
+(metrics.py), the validator (validator.py), the checkpointer (checkpointer.py), the step budget
+(budget.py) and the thread tuner (thread_tuner.py). `Trainer.fit` is the loop over them.
 
-Under torchrun, `train.parallel` lays the processes out on a device mesh (lmforge.parallel):
-every rank runs this same loop on its share of the global batch, rank 0 alone writes metrics
-and prints, and all ranks write their shards of each checkpoint.
+A run trains for `max_steps`, or for a wall-clock budget (`minutes`, spent on the command's
+`BudgetClock`): then the first steps are timed and fix the step count, and a WSD run re-fits it
+to the time actually left, so a slowed machine still gets a full decay. Every change is a plan
+saved with the checkpoints, so the learning rate stays a pure function of the step and a
+resumed run repeats it; a resumed run given more steps (or a new budget) continues on a new
+schedule tail. The host reads values back from the device only on log, evaluation and
+checkpoint steps.
+
+A single process trains on `World.single`; under torchrun, `train.parallel` lays the processes
+out on a device mesh (lmforge.parallel): every rank runs this same loop on its share of the
+global batch, rank 0 alone writes metrics and prints, and all ranks write their shards of each
+checkpoint. The loop never asks which: the World's collectives and the components do.
 """
 
 from __future__ import annotations
