@@ -43,7 +43,7 @@ class ScalingRule:
         return shape in self.swept_tokens and tokens <= EXTRAPOLATION * self.swept_tokens[shape]
 
     def bpb(self, params: float, tokens: float) -> float:
-        return self.E + self.A / params**self.alpha + self.B / tokens**self.beta
+        return self.E + self.A / params**self.alpha + self.B / max(tokens, 1.0) ** self.beta
 
     def save(self, path: Path = RULE_FILE) -> None:
         write_json(path, asdict(self))
