@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo chat-demo test bench lint clean
+.PHONY: demo chat-demo test bench lint clean docs docs-serve docs-check docs-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,12 +51,32 @@ test: $(VENV)/.installed-dev $(VENV)/.chromium
 	$(BIN)/lint-imports --no-cache
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
+# The documentation site (docs/, mkdocs.yml). `docs` regenerates the pages made from the code
+# and the results files (docs/gen/generate.py), then builds site/ with --strict (a broken link
+# or reference fails); `docs-serve` serves it on 127.0.0.1:8001 (8000 is lmforge serve's).
+# `docs-check` runs every shell and Python block of the tutorials and concept pages at its
+# smallest scale (tests/docs/runner.py); `make test` runs the quick ones. `docs-images` retakes
+# the screenshots in docs/images/ from a small speedrun.
+docs: $(VENV)/.installed-dev
+	$(BIN)/python docs/gen/generate.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed-dev
+	$(BIN)/python docs/gen/generate.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
+docs-check: $(VENV)/.installed-dev $(VENV)/.chromium
+	LMFORGE_DOCS_CHECK=1 $(BIN)/python -m pytest tests/docs -p no:xdist $(PYTEST_ARGS)
+
+docs-images: $(VENV)/.installed-dev $(VENV)/.chromium
+	$(BIN)/python docs/gen/screenshots.py $(ARGS)
+
 bench: $(VENV)/.installed-bench
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check lmforge tests
-	$(BIN)/ruff format --check lmforge tests
+	$(BIN)/ruff check lmforge tests docs/gen
+	$(BIN)/ruff format --check lmforge tests docs/gen
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

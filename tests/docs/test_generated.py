@@ -1,0 +1,54 @@
+"""The generated documentation is current: the CLI and config references, the benchmark pages
+and their history, the results tables of README.md and docs/index.md, the layers of
+docs/architecture.md and the benchmarks' entries in mkdocs.yml are what docs/gen/generate.py
+makes of the code and the results files today."""
+
+import generate
+
+
+def test_generated_docs_are_current():
+    stale = generate.stale(generate.outputs())
+    assert not stale, (
+        "generated docs are stale: " + ", ".join(stale) + "; run `make docs` and commit them"
+    )
+
+
+def test_the_cli_reference_has_every_command():
+    from lmforge.cli import build_parser
+
+    text = generate.gen_cli.render()
+    for name, _, _ in generate.gen_cli._walk(build_parser(), "lmforge"):
+        assert f"## `{name}`" in text
+
+
+def test_the_config_reference_has_every_key_with_its_range():
+    import dataclasses
+
+    from lmforge.config import RunConfig
+
+    text = generate.gen_config.render()
+    cfg = RunConfig()
+    for section in ("model", "tokenizer", "data", "train"):
+        for f in dataclasses.fields(getattr(cfg, section)):
+            assert f"`{section}.{f.name}`" in text
+    assert "| `train.lr` | `float` | `0.003` | above 0 |" in text
+    assert "one of `adamw`, `muon`" in text
+
+
+def test_benchmark_pages_hold_no_number_but_the_results_files():
+    """A headline on a page is the value at its path in the results file, formatted."""
+    import json
+    import re
+
+    import gen_bench
+
+    history = gen_bench.updated_history("2000-01-01")
+    pages = gen_bench.render_pages(history)
+    for path in gen_bench.results_files():
+        entry = gen_bench.spec().get(path.stem, {})
+        data = json.loads(path.read_text())
+        page = pages[f"docs/benchmarks/{gen_bench.page_name(path.stem, entry)}.md"]
+        for label, value in gen_bench.headline_values(data, entry).items():
+            assert f"| **{gen_bench.fmt(value, label)}** |" in page
+        prose = re.sub(r"`[^`]*`", "", page)
+        assert not re.search(r"\b(targets?|issues?|sessions?)\b", prose, re.IGNORECASE), path

@@ -1,0 +1,45 @@
+"""The tutorials, the concept pages and getting started work as written.
+
+Every page, in `make test`: each `lmforge` command in its shell blocks parses with lmforge's own
+parser and each Python block compiles (seconds for all of them). Then every shell and Python
+block runs, in order, at its smallest scale (tests/docs/runner.py says how): the pages in
+`IN_MAKE_TEST` in `make test`, the others in `make docs-check` (LMFORGE_DOCS_CHECK=1), which
+CI runs after `make test`.
+"""
+
+import os
+
+import pytest
+import runner
+
+PAGES = runner.pages()
+NAMES = [str(p.relative_to(runner.DOCS)) for p in PAGES]
+
+# Pages quick enough for `make test`'s time budget (measured: seconds each); the rest train or
+# serve models for minutes and run in `make docs-check`.
+IN_MAKE_TEST = set()
+DOCS_CHECK = os.environ.get("LMFORGE_DOCS_CHECK") == "1"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=NAMES)
+def test_commands_parse(page):
+    errors = []
+    for block in runner.parse(page.read_text()):
+        errors += runner.command_errors(block)
+    assert not errors, f"{page.relative_to(runner.ROOT)}:\n" + "\n".join(errors)
+
+
+@pytest.fixture(scope="session")
+def docs_cache(tmp_path_factory):
+    """One LMFORGE_CACHE for every page a worker runs: the built-in corpus is prepared once."""
+    return tmp_path_factory.mktemp("docs-cache")
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("page", PAGES, ids=NAMES)
+def test_page_runs(page, tmp_path, docs_cache):
+    name = str(page.relative_to(runner.DOCS))
+    if name not in IN_MAKE_TEST and not DOCS_CHECK:
+        pytest.skip("runs in `make docs-check`")
+    ran = runner.run_page(page, tmp_path / "page", docs_cache)
+    print(f"{name}: {len(ran)} blocks, {sum(r.seconds for r in ran):.1f} s")
