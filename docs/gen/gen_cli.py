@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from pathlib import Path
 
 WIDTH = 96  # usage lines wrap here, whatever the terminal
+NOTES = Path(__file__).with_name("cli_notes.md")  # hand-written notes, per command
 
 
 def render() -> str:
@@ -19,6 +21,10 @@ def render() -> str:
     os.environ["COLUMNS"] = str(WIDTH)  # argparse's usage wrapping reads the terminal width
     parser = build_parser()
     commands = list(_walk(parser, "lmforge"))
+    notes = read_notes()
+    unknown = sorted(set(notes) - {name for name, _, _ in commands})
+    if unknown:
+        raise SystemExit(f"{NOTES.name} has notes for commands that do not exist: {unknown}")
     out = [
         "# Command-line reference",
         "",
@@ -39,7 +45,23 @@ def render() -> str:
     out.append("")
     for name, sub, summary in commands:
         out += _command(name, sub, summary)
+        if name in notes:
+            out += [notes[name], ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def read_notes() -> dict[str, str]:
+    """The notes file's sections by command: a `## ` heading naming it, the text under it."""
+    notes: dict[str, str] = {}
+    name = None
+    for line in NOTES.read_text().splitlines():
+        heading = re.match(r"^## `(lmforge[^`]*)`\s*$", line)
+        if heading:
+            name = heading.group(1)
+            notes[name] = ""
+        elif name is not None:
+            notes[name] += line + "\n"
+    return {k: v.strip() for k, v in notes.items()}
 
 
 def _walk(parser: argparse.ArgumentParser, name: str, summary: str = ""):

@@ -312,3 +312,30 @@ def _quiet_parse(parser, argv: list[str]) -> None:
     except SystemExit as e:
         message = stderr.getvalue().strip().splitlines()
         raise SystemExit(message[-1] if message else e.code) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/docs/runner.py [PAGE ...]`: run pages (default: all) and print each
+    block's time; the folders are kept for a look afterwards."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("pages", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="lmforge-docs-"))
+    failed = 0
+    for page in args.pages or pages():
+        start = time.monotonic()
+        try:
+            run_page(page.resolve(), root / page.stem, root / "cache", log=print)
+            print(f"ok   {_rel(page.resolve())} in {time.monotonic() - start:.1f} s")
+        except (BlockFailed, PageError) as e:
+            failed += 1
+            print(f"FAIL {e}")
+    print(f"folders in {root}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
