@@ -32,6 +32,7 @@ SPEEDRUN = [
     "--set", "model.max_seq_len=256", "--set", "train.seq_len=128",  # room for a chat turn
 ]  # fmt: skip
 PROMPT = "def fibonacci(n):"
+NAME = ["--model-name", "speedrun-tiny"]  # what the page header shows
 REPORT_CSS = """
 body { font: 15px/1.5 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
        max-width: 860px; margin: 24px auto; color: #222; }
@@ -89,7 +90,7 @@ def chat_screenshot(browser, run: Path, env: dict, out: Path) -> None:
     """The chat page of `lmforge serve` on the run's checkpoint, after one streamed reply."""
     port = _free_port()
     server = subprocess.Popen(
-        [str(BIN / "lmforge"), "serve", "--checkpoint", str(run), "--port", str(port)],
+        [str(BIN / "lmforge"), "serve", "--checkpoint", str(run), "--port", str(port), *NAME],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -52,3 +52,15 @@ def test_benchmark_pages_hold_no_number_but_the_results_files():
             assert f"| **{gen_bench.fmt(value, label)}** |" in page
         prose = re.sub(r"`[^`]*`", "", page)
         assert not re.search(r"\b(targets?|issues?|sessions?)\b", prose, re.IGNORECASE), path
+
+
+def test_the_readme_is_a_front_page_whose_links_resolve():
+    import re
+    from pathlib import Path
+
+    root = Path(generate.ROOT)
+    text = (root / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, "README.md is the front page: keep it to 200 lines"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert (root / target).exists(), f"README.md links to {target}, which does not exist"
