@@ -212,6 +212,11 @@ def pages() -> list[Path]:
     return [DOCS / "getting-started.md", *found]
 
 
+def every_page() -> list[Path]:
+    """Every page of the site, for the checks that do not run anything."""
+    return sorted(p for p in DOCS.rglob("*.md") if "gen" not in p.relative_to(DOCS).parts)
+
+
 def _stop_group(pgid: int) -> None:
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
         try:

@@ -1,10 +1,10 @@
 """The tutorials, the concept pages and getting started work as written.
 
-Every page, in `make test`: each `lmforge` command in its shell blocks parses with lmforge's own
-parser and each Python block compiles (seconds for all of them). Then every shell and Python
-block runs, in order, at its smallest scale (tests/docs/runner.py says how): the pages in
-`IN_MAKE_TEST` in `make test`, the others in `make docs-check` (LMFORGE_DOCS_CHECK=1), which
-CI runs after `make test`.
+Every page of the site, in `make test`: each `lmforge` command in its shell blocks parses with
+lmforge's own parser and each Python block compiles (seconds for all of them). Then every shell
+and Python block runs, in order, at its smallest scale (tests/docs/runner.py says how): the
+pages in `IN_MAKE_TEST` in `make test`, the others in `make docs-check`
+(LMFORGE_DOCS_CHECK=1), which CI runs after `make test`.
 """
 
 import os
@@ -21,7 +21,9 @@ IN_MAKE_TEST = set()
 DOCS_CHECK = os.environ.get("LMFORGE_DOCS_CHECK") == "1"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=NAMES)
+@pytest.mark.parametrize(
+    "page", runner.every_page(), ids=[str(p.relative_to(runner.DOCS)) for p in runner.every_page()]
+)
 def test_commands_parse(page):
     errors = []
     for block in runner.parse(page.read_text()):
