@@ -62,6 +62,9 @@ VERSION_KEYS = (
     "alt-profanity-check",
 )
 HIDDEN = re.compile(r"target|^met$|_met$|^source$|^out$|^quick$")
+# A results file's "targets" section holds the ratios the benchmark is about, beside what they
+# were held to: the page shows it as "ratios", the ratios only.
+RATIOS_SECTION = ("targets", "targets_met")
 TARGET_NOTE = re.compile(r"\s*\(target[^)]*\)")
 
 
@@ -400,6 +403,8 @@ def _render(obj: Any, hide: set, level: int, top: bool = False, title: str = "")
         return [_cell(_list_cell(obj))] if obj else []
     scalars, sections = [], []
     for key, value in obj.items():
+        if key in RATIOS_SECTION and isinstance(value, dict) and "ratios" not in obj:
+            key, value = "ratios", _measured(value)
         if _hidden(key, hide) or (top and key in MACHINE_KEYS + VERSION_KEYS):
             continue
         if top and key in ("setup", "machine", "versions") and isinstance(value, dict):
@@ -428,6 +433,20 @@ def _render(obj: Any, hide: set, level: int, top: bool = False, title: str = "")
             inner = _render(value, hide, level + 1)
             if inner:
                 out += [heading, "", *inner, ""]
+    return out
+
+
+def _measured(section: dict) -> dict:
+    """A targets section without what it was held to: the statements, the thresholds, the
+    verdicts; what is left is measured."""
+    out = {}
+    for key, value in section.items():
+        if isinstance(value, dict):
+            inner = _measured(value)
+            if inner:
+                out[key] = inner
+        elif not isinstance(value, str) and not HIDDEN.search(str(key)):
+            out[key] = value
     return out
 
 
@@ -518,7 +537,7 @@ def fmt(value: Any, key: str = "") -> str:
             and "bits per byte" not in key
             and 0.01 < abs(value) < 1000
         ):
-            return f"{value:.2f}×"
+            return f"{value:.2f}×" if abs(value) >= 0.1 else f"{value:.2g}×"
         if abs(value) >= 1e5:
             return f"{value:,.0f}"
         if abs(value) >= 100:
