@@ -3,14 +3,17 @@ report.md, and the web chat page of `lmforge serve`, into docs/images/.
 
     python docs/gen/screenshots.py [--run RUN_DIR]
 
-Without --run it trains a small speedrun into a temporary folder first (about two minutes on
-two cores). The browser is Debian's Chromium (/usr/bin/chromium, which `make test` installs),
-driven by playwright as the chat page's test drives it; nothing is downloaded.
+It trains a small speedrun first (about two minutes on two cores), into a temporary folder or
+into --run when that holds no run yet. The chat page's request gets a fixed sampling seed, so
+the same run gets the same reply. The browser is Debian's Chromium (/usr/bin/chromium, which
+`make test` installs), driven by playwright as the chat page's test drives it; nothing is
+downloaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -46,13 +49,15 @@ img { max-width: 100%; }
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", help="an existing run folder (default: train a small one)")
+    parser.add_argument(
+        "--run", help="a run folder to picture (trained first where it holds no run yet)"
+    )
     args = parser.parse_args()
     IMAGES.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "LMFORGE_PROGRESS": "0"}
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.run) if args.run else Path(tmp) / "run"
-        if not args.run:
+        if not (run / "report.md").exists():
             subprocess.run(
                 [str(BIN / "lmforge"), *SPEEDRUN, "--out", str(run)], env=env, check=True
             )
@@ -101,7 +106,8 @@ def chat_screenshot(browser, run: Path, env: dict, out: Path) -> None:
         page = browser.new_page(viewport={"width": 900, "height": 640}, device_scale_factor=1)
         page.goto(url)
         page.wait_for_selector("#send:not([disabled])")
-        page.fill("#temperature", "0.6")
+        page.route("**/v1/chat/completions", _seeded)  # the same reply, so the same picture
+        page.fill("#temperature", "0.7")
         page.fill("#max-tokens", "64")
         page.fill("#input", PROMPT)
         page.press("#input", "Enter")
@@ -114,6 +120,12 @@ def chat_screenshot(browser, run: Path, env: dict, out: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _seeded(route) -> None:
+    """The page's request with a fixed sampling seed added (the page itself sends none)."""
+    body = json.loads(route.request.post_data or "{}")
+    route.continue_(post_data=json.dumps({**body, "seed": 0}))
 
 
 def _free_port() -> int:
