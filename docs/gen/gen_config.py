@@ -129,7 +129,7 @@ def _table(cls, fields, instance, prefix: str, extra: dict | None = None) -> lis
             continue
         allowed = _allowed(f, value) or (extra or {}).get(f.name, "")
         rows.append(
-            f"| `{prefix}{f.name}` | `{_type(cls, f)}` | {_value(value)} | {allowed} | "
+            f"| `{prefix}{f.name}` | {_type(cls, f)} | {_value(value)} | {allowed} | "
             f"{_cell(comments.get(f.name, ''))} |"
         )
     rows.append("")
@@ -156,7 +156,7 @@ def _choices(choices) -> str:
 
 def _type(cls, f: dataclasses.Field) -> str:
     t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    return t.replace("|", "\\|")
+    return " or ".join(part.strip() for part in t.split("|"))
 
 
 def _value(value: Any) -> str:
@@ -168,7 +168,9 @@ def _value(value: Any) -> str:
         return f"`{value!r}`"
     if isinstance(value, (str, list, dict)):
         text = json.dumps(value, ensure_ascii=False)
-        return f"`{text}`".replace("|", "\\|")
+        if "|" in text:  # a table cell's code span cannot hold a pipe: plain text instead
+            return _cell(text)
+        return f"`{text}`"
     return f"`{value}`"
 
 
@@ -182,7 +184,7 @@ def _differences(cfg, default, prefix: str = "") -> str:
                 changes.append(inner)
         elif a != b:
             changes.append(f"`{prefix}{f.name}` {_value(a).strip('`')}")
-    return ", ".join(changes).replace("|", "\\|")
+    return ", ".join(changes)
 
 
 def _field_comments(cls) -> dict[str, str]:

@@ -31,7 +31,7 @@ def test_the_config_reference_has_every_key_with_its_range():
     for section in ("model", "tokenizer", "data", "train"):
         for f in dataclasses.fields(getattr(cfg, section)):
             assert f"`{section}.{f.name}`" in text
-    assert "| `train.lr` | `float` | `0.003` | above 0 |" in text
+    assert "| `train.lr` | float | `0.003` | above 0 |" in text
     assert "one of `adamw`, `muon`" in text
 
 
