@@ -113,7 +113,13 @@ def history_text(history: dict) -> str:
 def headline_values(data: dict, entry: dict) -> dict:
     out = {}
     for label, *path in entry.get("headline", []):
-        value = lookup(data, path)
+        if "/" in path:  # a ratio of two values of the file
+            cut = path.index("/")
+            top, bottom = lookup(data, path[:cut]), lookup(data, path[cut + 1 :])
+            ok = isinstance(top, (int, float)) and isinstance(bottom, (int, float)) and bottom
+            value = top / bottom if ok else None
+        else:
+            value = lookup(data, path)
         if value is not None:
             out[label] = value
     return out
