@@ -539,10 +539,9 @@ def fmt(value: Any, key: str = "") -> str:
         if not math.isfinite(value):
             return str(value)
         if (
-            re.search(r"\bvs\b|ratio|speedup|over|/", key)
-            and "bits per byte" not in key
-            and 0.01 < abs(value) < 1000
-        ):
+            re.search(r"\bvs\b|ratio|speedup", key)
+            or (re.search(r"\bover\b|/", key) and "bits per byte" not in key)
+        ) and 0.01 < abs(value) < 1000:
             return f"{value:.2f}×" if abs(value) >= 0.1 else f"{value:.2g}×"
         if abs(value) >= 1e5:
             return f"{value:,.0f}"
