@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo chat-demo test bench lint clean docs docs-serve docs-check docs-images
+.PHONY: demo chat-demo test bench lint clean docs docs-serve docs-check docs-images docs-outputs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,7 +56,8 @@ test: $(VENV)/.installed-dev $(VENV)/.chromium
 # or reference fails); `docs-serve` serves it on 127.0.0.1:8001 (8000 is lmforge serve's).
 # `docs-check` runs every shell and Python block of the tutorials and concept pages at its
 # smallest scale (tests/docs/runner.py); `make test` runs the quick ones. `docs-images` retakes
-# the screenshots in docs/images/ from a small speedrun.
+# the screenshots in docs/images/ from a small speedrun; `docs-outputs` reruns the pages that show
+# what their commands print (all, or PAGES=...) as written and records it for the site.
 docs: $(VENV)/.installed-dev
 	$(BIN)/python docs/gen/generate.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
@@ -67,6 +68,10 @@ docs-serve: $(VENV)/.installed-dev
 
 docs-check: $(VENV)/.installed-dev $(VENV)/.chromium
 	LMFORGE_DOCS_CHECK=1 $(BIN)/python -m pytest tests/docs -p no:xdist $(PYTEST_ARGS)
+
+docs-outputs: $(VENV)/.installed-dev
+	$(BIN)/python docs/gen/capture.py $(PAGES)
+	$(BIN)/python docs/gen/generate.py
 
 docs-images: $(VENV)/.installed-dev $(VENV)/.chromium
 	$(BIN)/python docs/gen/screenshots.py $(ARGS)

@@ -6,8 +6,9 @@
 Whole pages: docs/reference/cli.md (the argparse parsers), docs/reference/config.md (the config
 dataclasses), docs/benchmarks/*.md (benchmarks/results/*.json) and benchmarks/history.json.
 Blocks inside hand-written pages, between `<!-- generated:NAME -->` and
-`<!-- /generated:NAME -->`: the results table of README.md and docs/index.md, and the layers of
-docs/architecture.md (the import-linter contracts).
+`<!-- /generated:NAME -->`: the results table of README.md and docs/index.md, the layers of
+docs/architecture.md (the import-linter contracts) and what a page's commands printed on a real
+machine (docs/gen/page_outputs.json, written by docs/gen/capture.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import gen_bench  # noqa: E402
 import gen_cli  # noqa: E402
 import gen_config  # noqa: E402
 import gen_layers  # noqa: E402
+import gen_outputs  # noqa: E402
 
 ROOT = HERE.parents[1]
 
@@ -44,6 +46,9 @@ def outputs(today: str | None = None) -> dict[str, str | bytes]:
         "docs/architecture.md": {"layers": gen_layers.render()},
         "mkdocs.yml": {"benchmarks-nav": gen_bench.nav_entries()},
     }
+    captured = gen_outputs.load()
+    for page in gen_outputs.marked_pages():
+        blocks[page.relative_to(ROOT).as_posix()] = gen_outputs.blocks(page, captured)
     for path, named in blocks.items():
         current = (ROOT / path).read_text() if (ROOT / path).exists() else ""
         text = current

@@ -122,15 +122,24 @@ class Ran:
     block: Block
     seconds: float
     skipped: bool = False
+    output: str = ""  # what the block printed, stdout and stderr together
 
 
 class BlockFailed(AssertionError):
     pass
 
 
-def run_page(page: Path, workdir: Path, cache: Path, timeout: float = 600, log=None) -> list[Ran]:
-    """Run every runnable block of `page` in `workdir`; raise BlockFailed at the first that
-    fails, naming the page, the line, the command and the end of its output."""
+def run_page(
+    page: Path,
+    workdir: Path,
+    cache: Path,
+    timeout: float = 600,
+    log=None,
+    as_written: bool = False,
+) -> list[Ran]:
+    """Run every runnable block of `page` in `workdir` (at its smallest scale, or `as_written`
+    to ignore the `smallest` directives); raise BlockFailed at the first that fails, naming the
+    page, the line, the command and the end of its output."""
     blocks = parse(page.read_text())
     workdir.mkdir(parents=True, exist_ok=True)
     scripts = workdir.parent / f"{workdir.name}-blocks"
@@ -145,7 +154,7 @@ def run_page(page: Path, workdir: Path, cache: Path, timeout: float = 600, log=N
             if block.skip is not None:
                 ran.append(Ran(block, 0.0, skipped=True))
                 continue
-            code = block.test_code()
+            code = block.code if as_written else block.test_code()
             if block.kind == "bash":
                 script = scripts / f"block{n}.sh"
                 script.write_text(code)
@@ -182,7 +191,7 @@ def run_page(page: Path, workdir: Path, cache: Path, timeout: float = 600, log=N
                     f"{seconds:.0f} s (in {workdir}):\n{_indent(code)}\n--- its output, last "
                     f"lines:\n{_indent(tail)}"
                 )
-            ran.append(Ran(block, seconds))
+            ran.append(Ran(block, seconds, output=output.read_text("utf-8", "replace")))
     finally:
         for group in groups:
             _stop_group(group)

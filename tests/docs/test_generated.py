@@ -64,3 +64,25 @@ def test_the_readme_is_a_front_page_whose_links_resolve():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
         if not target.startswith(("http://", "https://")):
             assert (root / target).exists(), f"README.md links to {target}, which does not exist"
+
+
+def test_a_page_shows_what_its_block_printed_until_the_block_changes(tmp_path, monkeypatch):
+    import gen_outputs
+    import pytest
+
+    monkeypatch.setattr(gen_outputs, "DOCS", tmp_path)
+    page = tmp_path / "page.md"
+    block = "```bash\necho 'predicted 1.0  measured 0.9'\n```\n"
+    marker = "<!-- generated:output-1 -->\n<!-- /generated:output-1 -->\n"
+    page.write_text("# A page\n\n```text\nnot run\n```\n\n" + block + marker)
+    (wanted,) = gen_outputs.wanted(page).values()
+    stamp = {"machine": "a CPU, 2 cores", "date": "2026-01-01", "lmforge": "0", "torch": "2"}
+    capture = {**stamp, "code": gen_outputs.code_hash(wanted), "output": "predicted 1.0\n"}
+    captured = {"pages": {"page.md": {"1": capture}}}
+
+    shown = gen_outputs.blocks(page, captured)["output-1"]
+    assert shown.startswith("```text\npredicted 1.0\n```") and "a CPU, 2 cores" in shown
+
+    page.write_text(page.read_text().replace("0.9", "0.8"))
+    with pytest.raises(SystemExit, match="changed after its output was captured"):
+        gen_outputs.blocks(page, captured)
