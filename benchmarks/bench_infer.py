@@ -14,7 +14,7 @@ scheduler thread's), so other load on a shared machine does not count against ei
   embedding table) over this machine's matrix-vector bandwidth in that dtype. Two floors: at
   the bandwidth of F.linear over about 440 MB of weights as nn.Linear stores them (row-major),
   the issue's definition; and at the best of the row-major, column-major, oneDNN-packed and
-  compiled streamed layouts' bandwidths (lmforge.infer.weights), the hardware's.
+  compiled streamed layouts' bandwidths (lmforge.infer.weight_layouts), the hardware's.
 
 Models: small (vocab 8192, d_model 256, 4 layers) and large (vocab 32000, d_model 768, 12
 layers), in fp32 and bf16. lmforge runs eager, with its compiled decode step, and compiled
@@ -45,7 +45,7 @@ import torch
 
 from lmforge.atomic import write_json
 from lmforge.infer.engine import Engine, SamplingParams
-from lmforge.infer.weights import PackedLinear, StreamedLinear
+from lmforge.infer.weight_layouts import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import hf_config, to_hf_state_dict
 from lmforge.model.layers import Linear

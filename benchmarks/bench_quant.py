@@ -125,7 +125,7 @@ def planned_ratio(config: ModelConfig, label: str) -> float:
 
 def bench_quality(checkpoint: str) -> dict:
     from lmforge.commands.quant import calibration_ids
-    from lmforge.eval.run import evaluate_checkpoint
+    from lmforge.eval.heldout_loss import evaluate_checkpoint
     from lmforge.quant.checkpoint import quantize_checkpoint
 
     calibration = calibration_ids(checkpoint, None, 128)

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from lmforge import __version__
-from lmforge.commands import doctor, hf, plan, posttrain, prepare, quant, run
+from lmforge.commands import doctor, hf, plan, posttrain, prepare, pretrain, quant
 from lmforge.data import command as data
 from lmforge.errors import LmforgeError
 from lmforge.eval import command as evaluation
@@ -19,7 +19,7 @@ from lmforge.infer import command as infer
 from lmforge.parallel import command as parallel
 
 # In the order `lmforge --help` lists them.
-STAGES = (run, prepare, infer, evaluation, posttrain, quant, data, hf, parallel, plan, doctor)
+STAGES = (pretrain, prepare, infer, evaluation, posttrain, quant, data, hf, parallel, plan, doctor)
 
 
 def main(argv: list[str] | None = None) -> int:

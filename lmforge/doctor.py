@@ -20,7 +20,7 @@ from lmforge.device.capability import (
     cpu_capability,
 )
 from lmforge.device.peak import measured_peak_flops
-from lmforge.infer.weights import decode_layout
+from lmforge.infer.weight_layouts import decode_layout
 from lmforge.train.precision import auto_precision
 
 X86_FLAGS = (

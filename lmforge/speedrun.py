@@ -19,7 +19,7 @@ import torch
 from lmforge.atomic import write_text
 from lmforge.budget_clock import BudgetClock
 from lmforge.config import RunConfig, config_text
-from lmforge.device import load
+from lmforge.device import busy
 from lmforge.errors import LmforgeError
 from lmforge.eval.run_tasks import describe, evaluate_checkpoint_tasks
 from lmforge.infer import complete
@@ -75,12 +75,12 @@ def speedrun(
     data = prepare(cfg, out, fresh, threads)
     clock = BudgetClock()  # the training budget starts after the data stages: sizing spends it
     cfg, sizing = size(cfg, data, out, threads, clock)
-    before = load.sample()
+    before = busy.sample()
     result = pretrain(cfg, data, out, clock, sizing, threads)
     machine_load = {
         "calibrated_tokens_per_s": sizing.tokens_per_s if sizing else None,
         "tokens_per_s": result.tokens_per_s,
-        "others_cpu_share": load.others_share(before, load.sample()),
+        "others_cpu_share": busy.others_share(before, busy.sample()),
     }
     if result.interrupted or not is_rank_zero():
         return Speedrun(result, None)

@@ -85,7 +85,7 @@ def test_version_names_the_package(capsys):
 @pytest.mark.parametrize("package", ["model", "train", "tokens", "infer", "eval", "report"])
 def test_lazy_exports_are_not_shadowed_by_their_submodules(package):
     """A submodule import sets the package attribute of its name, so a lazy export named like
-    its own module (a `generate` in lmforge/infer/generate.py) would turn into the module."""
+    its own module (a function `generate` beside infer/generate.py) would become the module."""
     module = importlib.import_module(f"lmforge.{package}")
     for name in module.__all__:
         getattr(module, name)  # the first access imports the submodule that defines it

@@ -1,7 +1,7 @@
 """The `lmforge plan` command: flags in, a printed (or JSON) plan out.
 
 It sits above config.py (presets, TOML run configs) and device/ (`cpu-local`), which the
-planner in plan/ never imports: lmforge.plan_sources hands their answers to it as plain data.
+planner in plan/ never imports: lmforge.planner_inputs hands their answers to it as plain data.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from lmforge.plan.options import parse_count, parse_interconnect, parse_layout
 from lmforge.plan.params import param_counts
 from lmforge.plan.planner import PlanRequest, build
 from lmforge.plan.precision import precision_bytes
-from lmforge.plan_sources import default_precision, device, resolve
+from lmforge.planner_inputs import default_precision, device, resolve
 
 AC_MODES = ("none", "full", "selective")
 CHINCHILLA_TOKENS_PER_PARAM = 20

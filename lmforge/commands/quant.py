@@ -74,7 +74,7 @@ def calibration_ids(checkpoint: str, data: str | None, sequences: int):
     model's context (at most 512)."""
     import torch
 
-    from lmforge.eval.run import validation_tokens
+    from lmforge.eval.heldout_loss import validation_tokens
     from lmforge.tokenizer import Tokenizer
     from lmforge.train.bpb import eval_windows
     from lmforge.train.checkpoint_dir import read_model_config, resolve_checkpoint

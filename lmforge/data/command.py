@@ -42,7 +42,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_data_run(args: argparse.Namespace) -> int:
-    from lmforge.data.pipeline.run import data_run
+    from lmforge.data.pipeline.commands import data_run
 
     flags = {
         "input": args.input,
@@ -57,7 +57,7 @@ def cmd_data_run(args: argparse.Namespace) -> int:
 
 
 def cmd_data_train_classifier(args: argparse.Namespace) -> int:
-    from lmforge.data.pipeline.run import train_classifier_files
+    from lmforge.data.pipeline.commands import train_classifier_files
 
     train_classifier_files(args.positive, args.negative, args.out)
     return 0

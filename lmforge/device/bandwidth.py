@@ -1,7 +1,7 @@
 """This machine's memory read bandwidth and total memory, as the planner's `cpu-local` uses them.
 
 Bandwidth is the best read rate over a 256 MiB buffer (a sum: decoding streams weights the same
-way); `lmforge.plan_sources` caches it beside the peak FLOP/s of `device.peak`.
+way); `lmforge.planner_inputs` caches it beside the peak FLOP/s of `device.peak`.
 """
 
 from __future__ import annotations

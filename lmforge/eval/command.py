@@ -72,7 +72,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _bpb(args: argparse.Namespace) -> None:
-    from lmforge.eval.run import evaluate_checkpoint
+    from lmforge.eval.heldout_loss import evaluate_checkpoint
 
     evaluated = evaluate_checkpoint(
         args.checkpoint, args.data, max_batches=args.max_batches, device=args.device

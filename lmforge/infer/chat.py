@@ -16,7 +16,7 @@ from typing import TextIO
 
 from lmforge.errors import LmforgeError
 from lmforge.infer.engine import Engine, SamplingParams
-from lmforge.infer.weights import load_for_decode
+from lmforge.infer.weight_layouts import load_for_decode
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokenizer.chat_template import ChatTemplate, Message
 

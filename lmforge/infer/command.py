@@ -115,11 +115,13 @@ def _add_chat(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lmforge.infer import run
+    from lmforge.infer import generate_command as command
 
-    params, beams, length_penalty = run.generate_options(vars(args))
-    prompts = [args.prompt] if args.prompts_file is None else run.read_prompts(args.prompts_file)
-    run.run_generate(
+    params, beams, length_penalty = command.generate_options(vars(args))
+    prompts = (
+        [args.prompt] if args.prompts_file is None else command.read_prompts(args.prompts_file)
+    )
+    command.run_generate(
         args.checkpoint,
         prompts,
         params,

@@ -36,7 +36,7 @@ from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties, check_sampling_args, filter_logits
 from lmforge.infer.score import TokenScores, score
 from lmforge.infer.text import TextAssembler
-from lmforge.infer.weights import lay_out_for_decode
+from lmforge.infer.weight_layouts import lay_out_for_decode
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
@@ -292,8 +292,8 @@ class Engine:
     them admitted requests may reserve together (prompt + max_tokens each).
 
     `relayout_weights` re-lays the model's Linear weights, in place, for the CPU kernel that
-    decodes `max_batch_size` rows fastest, compiled or not (see lmforge.infer.weights): batch-1
-    and batched, fp32 and bf16 decode steps get 1.2-1.9x faster. Ask for it only when the
+    decodes `max_batch_size` rows fastest, compiled or not (see lmforge.infer.weight_layouts):
+    batch-1 and batched, fp32 and bf16 decode steps get 1.2-1.9x faster. Ask for it only when the
     engine owns the model (serving): afterwards the model can no longer be trained or saved.
     """
 

@@ -46,7 +46,7 @@ from lmforge.infer import openai_schema as api
 from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
 from lmforge.infer.score import BATCH_TOKENS
 from lmforge.infer.text import prompt_ids
-from lmforge.infer.weights import load_for_decode
+from lmforge.infer.weight_layouts import load_for_decode
 from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.tokenizer.tokenizer import EOT
 

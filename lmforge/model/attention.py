@@ -141,7 +141,7 @@ class Attention(nn.Module):
     """Projects to q, k, v heads, rotates q and k, attends causally and projects back.
 
     `rotate` and `attend` are the functions it does that with, PyTorch's here; a kernel choice
-    (lmforge.train.kernels) replaces them on a module with ones of the same signature.
+    (lmforge.train.kernel_choice) replaces them on a module with ones of the same signature.
     """
 
     rotate = staticmethod(apply_rope)

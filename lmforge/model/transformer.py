@@ -49,7 +49,7 @@ class Transformer(nn.Module):
     """Token embedding, n_layers blocks, a final RMSNorm and the output head.
 
     `head_loss` is how forward(targets=...) fuses the head into the cross-entropy: PyTorch's
-    chunked kernel here; a kernel choice (lmforge.train.kernels) may set another on a model.
+    chunked kernel here; a kernel choice (lmforge.train.kernel_choice) may set another on a model.
     """
 
     head_loss = staticmethod(linear_cross_entropy)

@@ -1,7 +1,7 @@
 """Planning a run on paper: parameters, FLOPs, memory, communication and inference speed.
 
 Pure arithmetic over a `ModelShape`, a `Layout` and the hardware table; never imports torch nor
-lmforge's configs (lmforge.plan_sources turns presets, TOML configs and this machine's
+lmforge's configs (lmforge.planner_inputs turns presets, TOML configs and this machine's
 measurements into the plain data the planner reads).
 """
 

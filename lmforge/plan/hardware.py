@@ -1,6 +1,6 @@
 """The hardware table: devices (peak FLOP/s, memory, bandwidth) and links, from hardware.toml.
 
-`cpu-local` is not in the file: it is measured on this machine (lmforge.plan_sources, with
+`cpu-local` is not in the file: it is measured on this machine (lmforge.planner_inputs, with
 torch) and handed in as a `Device`; the planner itself never imports torch.
 """
 
@@ -69,7 +69,7 @@ def link_names() -> list[str]:
 def device(key: str) -> Device:
     if key == CPU_LOCAL:
         raise LmforgeError(
-            "cpu-local is measured, not read from the table: use lmforge.plan_sources.device"
+            "cpu-local is measured, not read from the table: use lmforge.planner_inputs.device"
         )
     entry = _table()["devices"].get(key)
     if entry is None:

@@ -2,7 +2,7 @@
 
 A shape is built from anything with a `ModelConfig`'s attributes (duck typing, so the planner
 never imports torch); preset names and TOML run configs become shapes in
-lmforge.plan_sources, outside the planner. Two families:
+lmforge.planner_inputs, outside the planner. Two families:
 - `llama`: what lmforge's Transformer builds (RMSNorm, RoPE, SwiGLU or a sparse MoE of SwiGLU
   experts, no biases), so every lmforge preset plans as exactly the model it trains;
 - `gpt2`: the published GPT-2 (learned positions, LayerNorm and linear biases, a 4·d GELU MLP,

@@ -1,7 +1,7 @@
 """QuantizedLinear: a Linear whose weight is int8 or packed int4, and the kernel that reads it.
 
 Decode is bound by the bytes of weight read per token, so the one- and two-row path (up to
-eight rows for int8 with fp32 activations) is the streamed layout of infer/weights.py with
+eight rows for int8 with fp32 activations) is the streamed layout of infer/weight_layouts.py with
 dequantization inside it: compiled, the product `(x[..., None, :] * codes).sum(-1) * scales`
 (int4: per half-group, with the zero point) becomes one Inductor loop that reads the integer
 codes, converts them in registers and accumulates, never writing a float copy of W. Larger

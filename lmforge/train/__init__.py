@@ -16,8 +16,8 @@ _EXPORTS = {
     "train": "lmforge.train.loop",
     "MetricsLog": "lmforge.train.metrics",
     "read_metrics": "lmforge.train.metrics",
-    "AdamW": "lmforge.train.optim",
-    "param_groups": "lmforge.train.optim",
+    "AdamW": "lmforge.train.adamw",
+    "param_groups": "lmforge.train.adamw",
     "lr_at": "lmforge.train.schedule",
 }
 

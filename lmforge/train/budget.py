@@ -140,7 +140,7 @@ class StepBudget:
             fitted = self.world.from_main(fitted)
             if fitted != self.total:
                 decaying = self.schedule.decaying(step)
-                self.schedule.plan(step, fitted)
+                self.schedule.run_to(step, fitted)
                 self.total = fitted
                 if decaying:
                     return f"behind the time budget: the decay ends at step {fitted}"
@@ -149,21 +149,21 @@ class StepBudget:
     def _calibrate(self, step: int, per_step: float) -> str:
         remaining = self.budget_s - self.clock.elapsed()
         self.total = self.world.from_main(steps_in_budget(self.cfg, per_step, remaining, step))
-        self.schedule.plan(step, self.total)
+        self.schedule.run_to(step, self.total)
         message = (
             f"time budget {self.cfg.minutes:g} min: training for {self.total} steps "
-            f"({self.schedule.describe_plan()})"
+            f"({self.schedule.describe_horizon()})"
         )
-        if self.resumed and len(self.schedule.plans) > 1:  # resumed with a new budget
+        if self.resumed and len(self.schedule.horizons) > 1:  # resumed with a new budget
             message += "\n" + replanned_message(self.schedule, step)
         return message
 
 
 def replanned_message(schedule: Schedule, step: int) -> str:
     """What a resumed run given a new length does from `step` on."""
-    start, total = schedule.plans[-1]
+    start, total = schedule.horizons[-1]
     if schedule.decaying(start):
-        return f"training to step {total} from step {step}: {schedule.describe_plan()}"
+        return f"training to step {total} from step {step}: {schedule.describe_horizon()}"
     rewarm = rewarm_steps(start, total, schedule.warmup(total))
     steps = f"{rewarm} step" + ("s" if rewarm > 1 else "")
     return (

@@ -3,7 +3,7 @@
 Like torchtitan's `parallelize(model)`, everything a run changes about how the model computes
 is applied here from outside, never inside model/: first the compute copy (half precision for
 `cast_module`, the GPU copy when the optimizer is offloaded), then the kernels (`train.kernels`,
-lmforge.train.kernels), then the precision's layers (fp8), then activation checkpointing per
+lmforge.train.kernel_choice), then the precision's layers (fp8), then activation checkpointing per
 block, then `torch.compile` per block. A run on many processes swaps in the kernels first (not
 under tensor parallelism, whose shards they cannot take), then hands the model to
 lmforge.parallel.parallelize, which applies tensor parallelism, checkpointing, compile and data
@@ -28,7 +28,7 @@ from lmforge.device.capability import cpu_capability, use_compile
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.parallel.world import World
-from lmforge.train.kernels import apply_kernels
+from lmforge.train.kernel_choice import apply_kernels
 from lmforge.train.master import ComputeCopy, needs_copy
 from lmforge.train.memory import apply_activation_checkpointing
 from lmforge.train.precision import Precision

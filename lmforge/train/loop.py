@@ -191,9 +191,9 @@ class Trainer:
         state, loader_state = self.checkpointer.restore(path, self.model, self.optimizer)
         self.composed.weights_to_compute()
         self.step, self.prior_seconds = state["step"], state["seconds"]
-        self.schedule.plans = [tuple(p) for p in state.get("plans", ())]
-        if not self.schedule.plans and state["total_steps"]:  # written before plans were saved
-            self.schedule.plans = [(0, state["total_steps"])]
+        self.schedule.horizons = [tuple(p) for p in state.get("plans", ())]
+        if not self.schedule.horizons and state["total_steps"]:  # written before plans were saved
+            self.schedule.horizons = [(0, state["total_steps"])]
         self.total_steps = _resumed_total(self.cfg, state)
         self.precision.load_state_dict(state.get("precision", {}))
         if "guard" in state:
@@ -205,12 +205,12 @@ class Trainer:
         if self.world.is_main:
             print(f"resuming from {path} (step {self.step})")
         if self.total_steps is not None and self.total_steps > self.step:
-            before = list(self.schedule.plans)
-            self.schedule.plan(self.step, self.total_steps)
+            before = list(self.schedule.horizons)
+            self.schedule.run_to(self.step, self.total_steps)
             if (
                 self.world.is_main
-                and len(self.schedule.plans) > 1
-                and self.schedule.plans != before
+                and len(self.schedule.horizons) > 1
+                and self.schedule.horizons != before
             ):
                 print(replanned_message(self.schedule, self.step))
 
@@ -224,9 +224,9 @@ class Trainer:
         if resume:
             self.resume()
         if self.total_steps is not None and self.total_steps > self.step:
-            before = list(self.schedule.plans)
-            self.schedule.plan(self.step, self.total_steps)
-            replanned = len(self.schedule.plans) > 1 and self.schedule.plans != before
+            before = list(self.schedule.horizons)
+            self.schedule.run_to(self.step, self.total_steps)
+            replanned = len(self.schedule.horizons) > 1 and self.schedule.horizons != before
             if replanned and self.world.is_main:
                 print(replanned_message(self.schedule, self.step))
         cfg = self.cfg
@@ -365,7 +365,7 @@ class Trainer:
     def _save(self, budget: StepBudget) -> Path:
         trainer_state = {
             "total_steps": budget.total,
-            "plans": [list(p) for p in self.schedule.plans],
+            "plans": [list(p) for p in self.schedule.horizons],
             "minutes": self.cfg.minutes,
             "seconds": budget.clock.elapsed(),
             "precision": self.precision.state_dict(),

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from lmforge.device.capability import cpu_capability
-from lmforge.train.optim import AdamW, _local, param_groups
+from lmforge.train.adamw import AdamW, _local, param_groups
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 CPU_BF16 = False

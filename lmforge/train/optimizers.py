@@ -1,4 +1,4 @@
-"""The optimizer a run uses: AdamW for every parameter (`train/optim.py`), or Muon for the
+"""The optimizer a run uses: AdamW for every parameter (`train/adamw.py`), or Muon for the
 blocks' matrices with AdamW for the rest (`train/muon.py`), from `train.optimizer`."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from lmforge.parallel.world import World
+from lmforge.train.adamw import adamw_choice, param_groups
 from lmforge.train.config import OPTIMIZERS, TrainConfig
 from lmforge.train.muon import Muon, muon_param_groups
-from lmforge.train.optim import adamw_choice, param_groups
 
 
 def optimizer_choice(

@@ -7,14 +7,14 @@ Both shapes size their phases as fractions of the run: warmup is `warmup_frac` o
 A run's length can change while it runs (a budgeted WSD run re-fits its step count to the
 time actually left, so a machine that slows down still gets a full cooldown) and when it
 resumes (`--max-steps` past a finished run's end, or a new `--minutes` budget). Each change is a
-plan `(first step, total steps)`, kept in a list saved with every checkpoint, so the learning
+horizon `(first step, total steps)`, kept in a list saved with every checkpoint, so the learning
 rate stays a pure function of the step and a resumed run repeats it exactly:
 - a new total that leaves every step taken so far unchanged (a WSD run still on its plateau)
-  edits the last plan instead of adding one;
-- a plan that starts inside its own decay (a WSD run shortened while cooling down) decays
+  edits the last horizon instead of adding one;
+- a horizon that starts inside its own decay (a WSD run shortened while cooling down) decays
   linearly from the learning rate it has there to the floor at its new end;
-- any other plan re-warms linearly from the learning rate the old plan had there to the new
-  plan's curve a few steps later, then follows it. Continuing a finished run of 100 steps to
+- any other horizon re-warms linearly from the learning rate the old horizon had there to the new
+  horizon's curve a few steps later, then follows it. Continuing a finished run of 100 steps to
   200 thus re-warms from the floor, and its last steps follow the 200-step schedule.
 """
 
@@ -56,12 +56,12 @@ def wsd_lr_at(
 
 
 def rewarm_steps(start: int, total: int, warmup_steps: int) -> int:
-    """Steps of the linear re-warm of a plan that starts at `start`: a tenth of the steps it
+    """Steps of the linear re-warm of a horizon that starts at `start`: a tenth of the steps it
     adds, at most the warmup's length, at least 1."""
     return max(1, min(warmup_steps, (total - start) // 10))
 
 
-Plan = tuple[int, int]
+Horizon = tuple[int, int]  # (the step it was set at, the step the run decays to)
 
 
 @dataclass
@@ -72,11 +72,11 @@ class Schedule:
     kind: str = "wsd"
     warmup_frac: float = 1.0
     decay_frac: float = 0.2  # WSD: the share of the run spent decaying
-    plans: list[Plan] = field(default_factory=list)
+    horizons: list[Horizon] = field(default_factory=list)
 
     @property
     def total(self) -> int | None:
-        return self.plans[-1][1] if self.plans else None
+        return self.horizons[-1][1] if self.horizons else None
 
     def warmup(self, total: int) -> int:
         return max(1, min(self.warmup_steps, math.ceil(self.warmup_frac * total)))
@@ -88,26 +88,26 @@ class Schedule:
         return max(self.warmup(total), total - max(1, round(self.decay_frac * total)))
 
     def decaying(self, step: int) -> bool:
-        """Whether `step` lies in the current plan's decay."""
+        """Whether `step` lies in the current horizon's decay."""
         return self.total is not None and step >= self.decay_start(self.total)
 
-    def plan(self, step: int, total: int) -> None:
+    def run_to(self, step: int, total: int) -> None:
         """From `step` on, run to `total` steps."""
         if step == 0:
-            self.plans = [(0, total)]
+            self.horizons = [(0, total)]
             return
-        plans = self.plans or [(0, OPEN_HORIZON)]
-        if total == plans[-1][1]:
+        horizons = self.horizons or [(0, OPEN_HORIZON)]
+        if total == horizons[-1][1]:
             return
-        edited = [*plans[:-1], (plans[-1][0], total)]
-        taken = range(plans[-1][0], step)
-        if all(_lr(self, edited, s) == _lr(self, plans, s) for s in taken):
-            self.plans = edited
+        edited = [*horizons[:-1], (horizons[-1][0], total)]
+        taken = range(horizons[-1][0], step)
+        if all(_lr(self, edited, s) == _lr(self, horizons, s) for s in taken):
+            self.horizons = edited
         else:
-            self.plans = [*plans, (step, total)]
+            self.horizons = [*horizons, (step, total)]
 
     def lr(self, step: int) -> float:
-        return _lr(self, self.plans or [(0, OPEN_HORIZON)], step)
+        return _lr(self, self.horizons or [(0, OPEN_HORIZON)], step)
 
     def curve(self, step: int, total: int) -> float:
         """The learning rate of a run planned for `total` steps from its start."""
@@ -116,10 +116,10 @@ class Schedule:
             return lr_at(step, self.max_lr, self.min_lr, warmup, total)
         return wsd_lr_at(step, self.max_lr, self.min_lr, warmup, self.decay_start(total), total)
 
-    def describe_plan(self) -> str:
-        """The current plan's phases in steps, for the log."""
+    def describe_horizon(self) -> str:
+        """The current horizon's phases in steps, for the log."""
         total = self.total or OPEN_HORIZON
-        start = self.plans[-1][0] if self.plans else 0
+        start = self.horizons[-1][0] if self.horizons else 0
         if self.kind == "cosine":
             return f"cosine to step {total}"
         decay = self.decay_start(total)
@@ -128,12 +128,12 @@ class Schedule:
         return f"peak until step {decay}, then linear decay to {total}"
 
 
-def _lr(schedule: Schedule, plans: list[Plan], step: int) -> float:
-    index = max(i for i, (start, _) in enumerate(plans) if start <= step)
-    start, total = plans[index]
+def _lr(schedule: Schedule, horizons: list[Horizon], step: int) -> float:
+    index = max(i for i, (start, _) in enumerate(horizons) if start <= step)
+    start, total = horizons[index]
     if index == 0:
         return schedule.curve(step, total)
-    begin = _lr(schedule, plans[:index], start)
+    begin = _lr(schedule, horizons[:index], start)
     if schedule.kind == "wsd" and start >= schedule.decay_start(total):
         if step >= total:
             return schedule.min_lr

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from lmforge.model.moe import moe_losses, update_biases
+from lmforge.train.adamw import step_unless
 from lmforge.train.batches import Batches
 from lmforge.train.clip import clip_grad_norm
 from lmforge.train.compose import Composed
 from lmforge.train.guard import NonFiniteGuard
 from lmforge.train.memory import count_saved_bytes
-from lmforge.train.optim import step_unless
 
 
 @dataclass

@@ -18,7 +18,7 @@ from lmforge.device.capability import (
     use_compile,
 )
 from lmforge.errors import LmforgeError
-from lmforge.infer.weights import decode_layout
+from lmforge.infer.weight_layouts import decode_layout
 
 FP32, BF16 = torch.empty(1, 1), torch.empty(1, 1, dtype=torch.bfloat16)
 # What each class of machine decodes with: (dtype, slots, compiled) -> layout.

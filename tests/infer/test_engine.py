@@ -15,7 +15,7 @@ from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.kv_cache import SlotKVCache
 from lmforge.infer.sampling import apply_penalties
 from lmforge.infer.score import score
-from lmforge.infer.weights import PackedLinear, StreamedLinear
+from lmforge.infer.weight_layouts import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
 
 EOT = 256

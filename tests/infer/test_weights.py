@@ -3,7 +3,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from lmforge.device.capability import detect, profile_capability
-from lmforge.infer.weights import (
+from lmforge.infer.weight_layouts import (
     PackedLinear,
     StreamedLinear,
     decode_layout,
@@ -115,7 +115,7 @@ def test_decode_dtype_keeps_a_half_checkpoint_only_where_it_is_fast(
     monkeypatch, saved, device, bf16_fast, want
 ):
     import lmforge.device.capability as capability
-    from lmforge.infer.weights import decode_dtype
+    from lmforge.infer.weight_layouts import decode_dtype
 
     monkeypatch.delenv("LMFORGE_CPU_PROFILE", raising=False)  # the measurement alone decides
     monkeypatch.setattr(capability, "bf16_speedup", lambda: 2.5 if bf16_fast else 0.04)

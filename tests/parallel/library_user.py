@@ -65,7 +65,7 @@ def sgd(params) -> torch.optim.Optimizer:
 
 def rank_main(rank: int, port: int, out: str) -> None:
     from lmforge.parallel import World, apply_ddp, apply_fsdp, build_zero1, full_state_dict
-    from lmforge.train.optim import step_unless
+    from lmforge.train.adamw import step_unless
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

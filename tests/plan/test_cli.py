@@ -6,7 +6,7 @@ import shlex
 import pytest
 
 from lmforge.cli import main
-from lmforge.plan_sources import shape_names
+from lmforge.planner_inputs import shape_names
 
 
 @pytest.mark.parametrize("name", shape_names())
@@ -84,7 +84,7 @@ def test_default_token_budget_is_stated_without_explain(capsys):
 @pytest.mark.parametrize(("fast", "expected"), [(True, "bf16"), (False, "fp32")])
 def test_cpu_local_precision_defaults_to_what_auto_picks(fast, expected, monkeypatch):
     import lmforge.device.capability as capability
-    from lmforge.plan_sources import default_precision
+    from lmforge.planner_inputs import default_precision
 
     class Capability:
         def fast_bf16(self):

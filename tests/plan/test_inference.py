@@ -24,7 +24,7 @@ from lmforge.infer.single_prompt import stream
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.inference import decode_step, kv_bytes_per_token, max_batch, ridge_batch
 from lmforge.plan.shapes import from_model_config
-from lmforge.plan_sources import resolve
+from lmforge.planner_inputs import resolve
 
 FACTOR = 4.0
 

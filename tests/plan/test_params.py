@@ -9,7 +9,7 @@ from lmforge.config import PRESETS
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.params import param_counts
 from lmforge.plan.shapes import from_model_config
-from lmforge.plan_sources import resolve, shape_names
+from lmforge.planner_inputs import resolve, shape_names
 
 PUBLISHED = {
     "gpt2-124m": 124_439_808,

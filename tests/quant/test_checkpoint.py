@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.infer.engine import Engine, SamplingParams
-from lmforge.infer.weights import load_for_decode
+from lmforge.infer.weight_layouts import load_for_decode
 from lmforge.model import ModelConfig, Transformer
 from lmforge.quant.checkpoint import quantize_checkpoint, read_quantization
 from lmforge.quant.linear import QuantizedLinear

@@ -12,7 +12,7 @@ from lmforge.model import ModelConfig, Transformer
 from lmforge.model.attention import Attention
 from lmforge.model.cache import KVCache
 from lmforge.model.layers import RMSNorm, SwiGLU
-from lmforge.train import kernels as kernels_module
+from lmforge.train import kernel_choice
 from lmforge.train.compose import Objective, compose
 from lmforge.train.config import TrainConfig
 from lmforge.train.precision import make_precision
@@ -64,7 +64,7 @@ def run(kernels: str, packed: bool, fused_loss: bool = False) -> dict:
 def test_triton_on_a_cpu_is_one_line_and_loads_no_kernel(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     loaded = []
-    monkeypatch.setattr(kernels_module, "load", loaded.append)
+    monkeypatch.setattr(kernel_choice, "load", loaded.append)
     with pytest.raises(LmforgeError) as error:
         _composed("triton")
     message = str(error.value)

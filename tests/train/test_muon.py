@@ -11,9 +11,9 @@ import lmforge.train.step as step_module
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
 from lmforge.train import TrainConfig, train
+from lmforge.train.adamw import AdamW
 from lmforge.train.metrics import read_metrics
 from lmforge.train.muon import Muon, newton_schulz
-from lmforge.train.optim import AdamW
 from lmforge.train.optimizers import build_optimizer
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)

@@ -152,7 +152,7 @@ def test_found_inf_skips_the_step_on_the_device(fused):
 @pytest.mark.parametrize("fused", [False, True], ids=["torch-foreach", "torch-fused"])
 def test_step_unless_skips_a_bad_step_on_any_optimizer(fused):
     """PyTorch's non-fused AdamW rejects found_inf: step_unless skips on the host instead."""
-    from lmforge.train.optim import skips_on_device, step_unless
+    from lmforge.train.adamw import skips_on_device, step_unless
 
     model = nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused or None)

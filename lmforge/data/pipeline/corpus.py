@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.data.documents import DOC_SEPARATOR, Document
+from lmforge.data.pipeline.commands import run_pipeline
 from lmforge.data.pipeline.config import load_pipeline_config
-from lmforge.data.pipeline.run import run_pipeline
 from lmforge.data.pipeline.writers import read_output
 
 SPEEDRUN_STEPS = ["quality", "pii", "exact_dedup", "minhash_dedup"]

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from lmforge.data.pipeline.config import PipelineConfig
-from lmforge.data.pipeline.plan import (
+from lmforge.data.pipeline.passes import (
     Layout,
     load_arrays,
     plan_passes,

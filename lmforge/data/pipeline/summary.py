@@ -11,7 +11,7 @@ import json
 
 from lmforge.atomic import write_text
 from lmforge.data.pipeline.config import PipelineConfig
-from lmforge.data.pipeline.plan import Layout, write_json
+from lmforge.data.pipeline.passes import Layout, write_json
 from lmforge.data.stats import StepStats
 from lmforge.errors import LmforgeError
 

@@ -85,7 +85,7 @@ def test_a_bad_prompts_file_is_a_clear_error(checkpoint, tmp_path, capsys):
 @pytest.fixture
 def recorded(monkeypatch):
     """What `lmforge generate` hands run_generate (which loads no model here)."""
-    import lmforge.infer.run as run
+    import lmforge.infer.generate_command as run
 
     seen = {}
 

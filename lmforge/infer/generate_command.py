@@ -24,7 +24,7 @@ from lmforge.errors import LmforgeError
 from lmforge.infer.beam import beam_search
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.text import prompt_ids
-from lmforge.infer.weights import load_for_decode
+from lmforge.infer.weight_layouts import load_for_decode
 
 # The sampling flags' defaults. The parser leaves them None, so a flag the user passed can be
 # told from one left alone, even when passed with its default value.

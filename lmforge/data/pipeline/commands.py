@@ -7,7 +7,7 @@ from typing import Any
 
 from lmforge.data.pipeline.config import PipelineConfig, load_pipeline_config
 from lmforge.data.pipeline.executor import Executor, LocalExecutor
-from lmforge.data.pipeline.plan import Layout
+from lmforge.data.pipeline.passes import Layout
 from lmforge.data.pipeline.requirements import check_requirements, input_needs, require_all
 from lmforge.data.readers import ReadConfig, list_units, plan_shards, read_shard
 from lmforge.data.stats import StepStats
