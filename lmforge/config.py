@@ -345,16 +345,30 @@ def _a_stage_finished(out: Path) -> bool:
     )
 
 
+LAYOUT_KEYS = frozenset(
+    {
+        "train.parallel",
+        "train.ddp_bucket_mb",
+        "train.reshard_after_forward",
+        "train.sequence_parallel",
+        "train.collective_timeout_s",
+        "train.compile",
+    }
+)
+"""How a run is spread over processes and compiled, not what it computes: a distributed
+checkpoint resumes at any layout or world size (lmforge/train/checkpoint_dcp.py)."""
+
 RUN_FOLDER = RunKind(
     "a run",
     "config.toml",
-    resumable=frozenset({"train.max_steps", "train.minutes"}),
+    resumable=frozenset({"train.max_steps", "train.minutes"}) | LAYOUT_KEYS,
+    change="a new length or layout",
     entries=RUN_ENTRIES,
     finished=_a_stage_finished,
 )
 """The run folder of a RunConfig's run (pretraining, the speedrun, SFT): `RunDir(out, RUN_FOLDER)`.
-A run may change its length when it resumes: a finished run given more steps continues from its
-last checkpoint on a new schedule tail (lmforge/train/schedule.py)."""
+A run may change its length when it resumes (a finished run given more steps continues from its
+last checkpoint on a new schedule tail, lmforge/train/schedule.py) and its layout."""
 
 
 def _section(cfg: RunConfig, key: str, source: str) -> Any:

@@ -64,12 +64,21 @@ def test_an_old_pretraining_folder_takes_a_new_length(old_pretraining, capsys):
     longer = apply_override(longer, "train.minutes=2")
     RunDir(old_pretraining, RUN_FOLDER).claim(longer)
     assert capsys.readouterr().out == (
-        f"resuming the run in {old_pretraining} with a new length "
+        f"resuming the run in {old_pretraining} with a new length or layout "
         "(train.max_steps: 100 → 300, train.minutes: 0.0 → 2.0)\n"
     )
     assert (old_pretraining / "config.toml").read_text() == config_text(longer)
     with pytest.raises(LmforgeError, match=r"another config \(train.max_steps: 300 → 100, "):
         RunDir(old_pretraining, RUN_FOLDER).claim(apply_override(preset("tiny"), "train.seed=1"))
+
+
+def test_a_run_resumes_on_another_parallel_layout(old_pretraining, capsys):
+    spread = apply_override(preset("tiny"), "train.parallel=tp=2")
+    RunDir(old_pretraining, RUN_FOLDER).claim(apply_override(spread, "train.compile=true"))
+    assert (
+        "with a new length or layout (train.compile: False → True, train.parallel: '' → tp=2)"
+        in (capsys.readouterr().out)
+    )
 
 
 def test_an_old_rl_folder_resumes_refuses_and_takes_a_new_length(old_rl, capsys):

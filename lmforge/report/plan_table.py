@@ -45,7 +45,8 @@ def plan_vs_measured(config_toml: str, training: dict, metrics: list[dict]) -> l
         return []
     cfg = apply_dict(RunConfig(), tomllib.loads(config_toml), source="config.toml")
     shape, tr = from_model_config(cfg.name, cfg.model), cfg.train
-    precision = run_precision(training["precision"], tr.cast_module)
+    # the run records Precision.describe(), e.g. "bf16 (cast module, fp32 master weights)"
+    precision = run_precision(training["precision"].split(" ", 1)[0], tr.cast_module)
     residual = precision.activation if tr.cast_module else 4
     per_layer = activation_bytes_per_layer(
         shape,

@@ -336,13 +336,22 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("pages", nargs="*", type=Path)
+    parser.add_argument(
+        "--as-written", action="store_true", help="ignore the smallest-scale directives"
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="lmforge-docs-"))
     failed = 0
     for page in args.pages or pages():
         start = time.monotonic()
         try:
-            run_page(page.resolve(), root / page.stem, root / "cache", log=print)
+            run_page(
+                page.resolve(),
+                root / page.stem,
+                root / "cache",
+                log=print,
+                as_written=args.as_written,
+            )
             print(f"ok   {_rel(page.resolve())} in {time.monotonic() - start:.1f} s")
         except (BlockFailed, PageError) as e:
             failed += 1
