@@ -153,6 +153,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """This rank's optimizer state; ZeRO-1 keeps its shard in the local optimizer it wraps."""
+    if torch.distributed.is_available():  # a build without it has no ZeRO either
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer = optimizer.optim
     return tensor_bytes(
         v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
     )

@@ -117,3 +117,12 @@ def test_quantizing_twice_or_with_bad_options_is_refused(checkpoint, int8, tmp_p
     with pytest.raises(LmforgeError, match="group size 48"):
         quantize_checkpoint(checkpoint, tmp_path / "g", "int4", 48)
     assert not (tmp_path / "g").exists()
+
+
+def test_lmforge_load_returns_a_quantized_checkpoint_as_saved(int8) -> None:
+    import lmforge
+
+    model, tokenizer = lmforge.load(str(int8))
+    assert isinstance(model.layers[0].attn.q_proj, QuantizedLinear)
+    ids = torch.tensor([tokenizer.encode_ordinary("def f():")])
+    assert model(ids).shape == (1, ids.shape[1], model.config.vocab_size)

@@ -65,3 +65,23 @@ def test_checkpointed_training_matches_and_reports_less_memory(prepared, tmp_pat
 def test_unknown_checkpointing_mode_is_a_clear_error():
     with pytest.raises(LmforgeError, match="unknown activation checkpointing mode 'some'"):
         apply_activation_checkpointing(Transformer(preset("tiny").model), "some")
+
+
+def test_zero1_counts_the_state_of_its_shard(tmp_path):
+    """ZeroRedundancyOptimizer leaves its own `state` empty; the shard's moments are counted."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from lmforge.train.memory import optimizer_state_bytes
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(8, 4)
+        zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)
+        model(torch.randn(2, 8)).sum().backward()
+        zero.step()
+        moments = 2 * 4 * sum(p.numel() for p in model.parameters())
+        assert moments <= optimizer_state_bytes(zero) <= moments + 64
+    finally:
+        dist.destroy_process_group()
