@@ -8,7 +8,7 @@ for the same wall-clock budget on this machine, interleaved, for a number of rep
 (b) nanochat: its GPT and base_train.py recipe (Muon + AdamW) with runs/runcpu.sh's settings
     (depth 6, 16,384-token batches), --num-iterations fitted to the budget as runcpu.sh's user
     would (reference_recipes/nanochat.py);
-(c) lmforge: `lmforge train --minutes M --out DIR --fresh --set train.eval_every=0`, sized by
+(c) lmforge: `lmforge train --minutes M --out DIR --fresh --set train.eval.every=0`, sized by
     itself, in a subprocess. Its clock (`clock_s`, the seconds its checkpoint records) runs from
     the command's start to its last step: start-up, data loading, thread trial and sizing
     included, as the references' clocks run from building the model to their last step. Its
@@ -193,7 +193,7 @@ def run_lmforge(
     """`lmforge train` for `minutes` in a subprocess, its newest checkpoint evaluated here."""
     out_dir = work / "run"
     command = [sys.executable, "-m", "lmforge", "train", "--minutes", f"{minutes:g}"]
-    command += ["--out", str(out_dir), "--fresh", "--set", "train.eval_every=0"]
+    command += ["--out", str(out_dir), "--fresh", "--set", "train.eval.every=0"]
     if threads:
         command += ["--threads", str(threads)]
     command += extra

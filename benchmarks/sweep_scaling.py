@@ -45,6 +45,7 @@ from lmforge.speedrun import cache_root  # noqa: E402
 from lmforge.tokens import read_meta  # noqa: E402
 from lmforge.train import train  # noqa: E402
 from lmforge.train.checkpoint import save_checkpoint  # noqa: E402
+from lmforge.train.config import CheckpointConfig, EvalConfig, ScheduleConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "scaling_sweep.json"
 PLOT = ROOT / "benchmarks" / "results" / "scaling.png"
@@ -54,9 +55,11 @@ DECAY_FRAC = 0.2  # so a budget of 5m steps decays from step 4m
 def recipe_train_config(optimizer: str):
     cfg = small().train
     return dataclasses.replace(
-        cfg, optimizer=optimizer, schedule="wsd", decay_frac=DECAY_FRAC, min_lr_ratio=0.0,
-        warmup_frac=1.0, eval_every=0, eval_batches=64, log_every=50, checkpoint_every=0,
-        minutes=0.0, device="cpu",
+        cfg, log_every=50, minutes=0.0, device="cpu",
+        optimizer=dataclasses.replace(cfg.optimizer, name=optimizer),
+        schedule=ScheduleConfig(kind="wsd", decay_frac=DECAY_FRAC, min_lr_ratio=0.0,
+                                warmup_frac=1.0, warmup_steps=cfg.schedule.warmup_steps),
+        eval=EvalConfig(every=0, batches=64), checkpoint=CheckpointConfig(every=0),
     )  # fmt: skip
 
 
@@ -70,7 +73,11 @@ def sweep_shape(name, budgets, optimizer, per_step, shard_dir, vocab, work, reco
     unit = max(1, round(budgets[0] * 60 / per_step / 5))  # the shortest budget: 5 · unit steps
     totals = [5 * unit * round(b / budgets[0]) for b in budgets]
     warmup = max(1, math.ceil(0.05 * totals[0]))  # the shortest run's 5 %, for every branch
-    cfg = dataclasses.replace(cfg, warmup_steps=warmup, checkpoint_every=4 * unit)
+    cfg = dataclasses.replace(
+        cfg,
+        schedule=dataclasses.replace(cfg.schedule, warmup_steps=warmup),
+        checkpoint=CheckpointConfig(every=4 * unit),
+    )
     print(f"{name}: {per_step * 1000:.0f} ms/step; budgets {budgets} min = {totals} steps")
     main = work / f"{name}-{optimizer}"
     results = []

@@ -85,9 +85,11 @@ def chat_speedrun(
         base_record = base_accuracy(base, recipe, out / "base_accuracy.json")
 
     model_config = read_model_config(base)
+    sft_defaults = sft_train_config(model_config)
     train_cfg = dataclasses.replace(
-        sft_train_config(model_config), max_steps=recipe.sft_steps, lr=recipe.sft_lr,
-        seed=recipe.seed, seq_len=min(256, model_config.max_seq_len),
+        sft_defaults, max_steps=recipe.sft_steps, seed=recipe.seed,
+        seq_len=min(256, model_config.max_seq_len),
+        optimizer=dataclasses.replace(sft_defaults.optimizer, lr=recipe.sft_lr),
     )  # fmt: skip
     sft_dir = out / "sft"
     sft_cfg = RunConfig(name="sft", model=model_config, train=train_cfg)

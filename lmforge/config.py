@@ -24,6 +24,14 @@ from lmforge.model import ModelConfig
 from lmforge.prepare import DataConfig, TokenizerConfig
 from lmforge.run_dir import RunKind
 from lmforge.train import TrainConfig
+from lmforge.train.config import (
+    CheckpointConfig,
+    EvalConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    ScheduleConfig,
+    nest_train,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,12 +85,11 @@ def tiny() -> RunConfig:
         train=TrainConfig(
             batch_size=8,
             seq_len=64,
-            lr=3e-3,
-            warmup_steps=10,
             max_steps=100,
-            eval_every=50,
-            eval_batches=4,
             log_every=10,
+            optimizer=OptimizerConfig(lr=3e-3),
+            schedule=ScheduleConfig(warmup_steps=10),
+            eval=EvalConfig(every=50, batches=4),
         ),
     )
 
@@ -97,18 +104,18 @@ def small() -> RunConfig:
         train=TrainConfig(
             batch_size=16,
             seq_len=256,
-            lr=3e-3,
-            optimizer="muon",
-            embed_lr=0.1,  # 33x lr: -0.17 bpb at 2.5 minutes (README: the embedding's own lr)
-            schedule="wsd",
-            min_lr_ratio=0.0,
-            warmup_steps=50,
             minutes=8.0,
-            eval_every=100,
-            eval_batches=16,
             log_every=10,
-            checkpoint_every=200,
-            precision="auto",  # bf16 where measured fast: 1.35x the tokens, lower bpb (README)
+            optimizer=OptimizerConfig(
+                name="muon",
+                lr=3e-3,
+                embed_lr=0.1,  # 33x lr: -0.17 bpb at 2.5 minutes (README: the embedding's own lr)
+            ),
+            schedule=ScheduleConfig(kind="wsd", min_lr_ratio=0.0, warmup_steps=50),
+            eval=EvalConfig(every=100, batches=16),
+            checkpoint=CheckpointConfig(every=200),
+            # bf16 where measured fast: 1.35x the tokens, lower bpb (README)
+            precision=PrecisionConfig(dtype="auto"),
         ),
     )
 
@@ -129,13 +136,12 @@ def gpt2_124m() -> RunConfig:
             batch_size=32,
             seq_len=1024,
             grad_accum_steps=16,
-            lr=6e-4,
-            warmup_steps=700,
             max_steps=19073,
-            eval_every=250,
-            eval_batches=20,
             log_every=10,
-            checkpoint_every=1000,
+            optimizer=OptimizerConfig(lr=6e-4),
+            schedule=ScheduleConfig(warmup_steps=700),
+            eval=EvalConfig(every=250, batches=20),
+            checkpoint=CheckpointConfig(every=1000),
         ),
     )
 
@@ -146,14 +152,13 @@ def _gpu_pretraining(seq_len: int, lr: float) -> TrainConfig:
         batch_size=1,
         seq_len=seq_len,
         grad_accum_steps=4 * 2**20 // seq_len,
-        lr=lr,
-        warmup_steps=2000,
         max_steps=25_000,
-        eval_every=1000,
-        eval_batches=20,
         log_every=10,
-        checkpoint_every=1000,
-        precision="bf16",
+        optimizer=OptimizerConfig(lr=lr),
+        schedule=ScheduleConfig(warmup_steps=2000),
+        eval=EvalConfig(every=1000, batches=20),
+        checkpoint=CheckpointConfig(every=1000),
+        precision=PrecisionConfig(dtype="bf16"),
     )
 
 
@@ -268,8 +273,13 @@ def read_toml(path: str | Path) -> dict:
         raise LmforgeError(f"config file {path} is not valid TOML: {e}") from e
 
 
-def apply_dict(cfg: RunConfig, values: dict, source: str = "config") -> RunConfig:
-    """A copy of `cfg` with `values` (nested like the TOML file) applied; unknown keys rejected."""
+def apply_dict(
+    cfg: RunConfig, values: dict, source: str = "config", note: bool = True
+) -> RunConfig:
+    """A copy of `cfg` with `values` (nested like the TOML file) applied; unknown keys rejected.
+    A [train] table's flat keys of configs written before its sections (`lr`) go to their
+    section (`optimizer.lr`, train.config.FLAT_KEYS), with a one-line note on stderr each
+    unless not `note`."""
     updates: dict[str, Any] = {}
     for key, value in values.items():
         if key in TOP_LEVEL:
@@ -278,32 +288,67 @@ def apply_dict(cfg: RunConfig, values: dict, source: str = "config") -> RunConfi
         section = _section(cfg, key, source)
         if not isinstance(value, dict):
             raise LmforgeError(f"{source}: [{key}] must be a table of settings")
-        fields = {f.name: f for f in dataclasses.fields(section)}
-        hints = typing.get_type_hints(type(section))
-        changes = {}
-        for name, v in value.items():
-            if name not in fields:
-                raise LmforgeError(
-                    f"{source}: unknown key {key}.{name}; valid keys: {', '.join(fields)}"
-                )
-            changes[name] = _coerce(v, hints[name], f"{key}.{name}", source)
-        updates[key] = dataclasses.replace(section, **changes)
+        if key == "train":
+            value, moved = nest_train(value)
+            for old, new in moved if note else ():
+                print(f"note: {source}: train.{old} is now train.{new}", file=sys.stderr)
+        updates[key] = _apply_section(section, value, key, source)
     return dataclasses.replace(cfg, **updates)
 
 
+def _apply_section(section: Any, values: dict, prefix: str, source: str) -> Any:
+    """A copy of the dataclass `section` (config key `prefix`) with `values` applied, nested
+    sections (a table: [train.optimizer]) included."""
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    hints = typing.get_type_hints(type(section))
+    changes = {}
+    for name, v in values.items():
+        key = f"{prefix}.{name}"
+        if name not in fields:
+            raise LmforgeError(
+                f"{source}: unknown key {key}; valid keys: {', '.join(_keys(section))}"
+            )
+        current = getattr(section, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(v, dict):
+                raise LmforgeError(
+                    f"{source}: {key} is a section: set its keys ({key}.KEY=VALUE, or "
+                    f"[{key}] in a TOML file)"
+                )
+            changes[name] = _apply_section(current, v, key, source)
+        else:
+            changes[name] = _coerce(v, hints[name], key, source)
+    return dataclasses.replace(section, **changes)
+
+
+def _keys(section: Any, prefix: str = "") -> list[str]:
+    """The keys of the dataclass `section`, a nested section's as `name.key`."""
+    keys = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            keys += _keys(value, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
 def apply_override(cfg: RunConfig, item: str) -> RunConfig:
-    """Apply one `section.key=value`; the value is read as TOML (`3`, `1e-3`, `true`, `"x"`)."""
+    """Apply one `section.key=value` (`train.optimizer.lr=1e-3`: more dots for a nested
+    section); the value is read as TOML (`3`, `1e-3`, `true`, `"x"`)."""
     dotted, sep, raw = item.partition("=")
-    section, dot, key = dotted.strip().partition(".")
-    if not sep or not dot:
+    path = [part.strip() for part in dotted.split(".")]
+    if not sep or len(path) < 2 or not all(path):
         raise LmforgeError(
-            f"--set {item!r} is not of the form section.key=value (e.g. train.lr=1e-3)"
+            f"--set {item!r} is not of the form section.key=value (e.g. train.optimizer.lr=1e-3)"
         )
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word is a string
-    return apply_dict(cfg, {section: {key: value}}, source="--set")
+    for part in reversed(path):
+        value = {part: value}
+    return apply_dict(cfg, value, source="--set")
 
 
 def to_dict(cfg: RunConfig) -> dict:
@@ -347,20 +392,31 @@ def _a_stage_finished(out: Path) -> bool:
 
 LAYOUT_KEYS = frozenset(
     {
-        "train.parallel",
-        "train.ddp_bucket_mb",
-        "train.reshard_after_forward",
-        "train.sequence_parallel",
-        "train.collective_timeout_s",
-        "train.compile",
+        "train.parallel.layout",
+        "train.parallel.ddp_bucket_mb",
+        "train.parallel.reshard_after_forward",
+        "train.parallel.sequence_parallel",
+        "train.parallel.collective_timeout_s",
+        "train.compute.compile",
     }
 )
 """How a run is spread over processes and compiled, not what it computes: a distributed
 checkpoint resumes at any layout or world size (lmforge/train/checkpoint_dcp.py)."""
 
+
+def upgrade_run_config(config: dict) -> dict:
+    """A run folder's recorded config in today's layout: a flat [train] table (written before
+    TrainConfig's sections) nested into them."""
+    train = config.get("train")
+    if not isinstance(train, dict):
+        return config
+    return {**config, "train": nest_train(train)[0]}
+
+
 RUN_FOLDER = RunKind(
     "a run",
     "config.toml",
+    upgrade=upgrade_run_config,
     resumable=frozenset({"train.max_steps", "train.minutes"}) | LAYOUT_KEYS,
     change="a new length or layout",
     entries=RUN_ENTRIES,

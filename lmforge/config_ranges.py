@@ -54,10 +54,13 @@ def one_of(default: str, choices: tuple[str, ...]) -> Any:
 
 def check_fields(section: Any, prefix: str) -> None:
     """Raise a one-line LmforgeError for the first field of the dataclass `section` (config
-    section `prefix`) outside the range or choices its field declares. None means "the
-    default" where a field allows it."""
+    section `prefix`) outside the range or choices its field declares, nested sections
+    included (under `prefix.name`). None means "the default" where a field allows it."""
     for f in dataclasses.fields(section):
         value, key = getattr(section, f.name), f"{prefix}.{f.name}"
+        if dataclasses.is_dataclass(value):  # a nested section: train.optimizer.name
+            check_fields(value, key)
+            continue
         allowed = f.metadata.get("range")
         if allowed is not None and value is not None and not _within(value, allowed):
             raise LmforgeError(f"{key} is {value!r}: it must be {allowed} (--set {key}=VALUE)")

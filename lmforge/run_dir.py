@@ -11,7 +11,9 @@ worth keeping.
 
 Configs are compared as flat `section.key` dicts after a round trip through the file's format,
 so how a value was written (a tuple or a list, a left-out None) never makes two configs differ,
-and a folder written by an earlier release resumes while its settings mean the same.
+and a folder written by an earlier release resumes while its settings mean the same (the kind's
+`upgrade` first brings its recorded config to today's layout: a flat [train] table into its
+sections).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class RunKind:
     change: str = "a new length"  # what changing them gives the run, for the resume message
     entries: tuple[str, ...] = ()  # what the kind writes in its folder before its report
     finished: Callable[[Path], bool] | None = None  # a stage finished (None: never taken over)
+    upgrade: Callable[[dict], dict] | None = None  # a recorded config in today's layout
 
     def dumps(self, config: dict) -> str:
         if self.config_file.endswith(".toml"):
@@ -63,6 +66,10 @@ class RunKind:
         if not isinstance(loaded, dict):
             raise LmforgeError(f"its {self.config_file} is not valid {self._format}")
         return loaded
+
+    def upgrade_config(self, config: dict) -> dict:
+        """`config`, recorded by an earlier release, in today's layout (`upgrade`)."""
+        return self.upgrade(config) if self.upgrade is not None else config
 
     @property
     def _format(self) -> str:
@@ -119,7 +126,7 @@ class RunDir:
         """The flat keys whose values differ between the recorded config and `config`, and
         them shown as `key: old → new, ...` (at most `limit`; an unreadable file says so)."""
         try:
-            old = _flat(self.kind.loads(self.config_path.read_text()))
+            old = _flat(self.kind.upgrade_config(self.kind.loads(self.config_path.read_text())))
         except LmforgeError as e:
             return {self.kind.config_file}, str(e)
         new = _flat(self.kind.loads(self.kind.dumps(config)))  # as the file would hold it

@@ -14,36 +14,42 @@ from lmforge.config import PRESETS, RunConfig, load_config
 from lmforge.train.config import TrainConfig
 
 TRAIN_KEYS = """\
-training settings without a flag (--set train.KEY=VALUE, or [train] in a TOML file):
-  cast_module=true          bf16/fp16: cast the model itself, step fp32 master copies
-  offload_optimizer=true    keep optimizer state and fp32 master weights on the CPU
-  fused_adamw=false         lmforge's AdamW instead of PyTorch's fused kernel
-  optimizer=muon            Muon for the blocks' matrices, AdamW for the rest
-  muon_lr=0.02              optimizer=muon: the matrices' peak learning rate
-  muon_momentum=0.95        optimizer=muon: Nesterov momentum
-  embed_lr=0.1              the input embedding's AdamW peak learning rate (0: lr)
-  max_bad_steps=N           stop after N non-finite steps in a row (default 25)
-  loader=sequential         walk the shards in a seeded order instead of random windows
-  checkpoint_every=N        also checkpoint every N steps (always at the end, on Ctrl-C
-                            and on SIGTERM)
-  ddp_bucket_mb=25          --parallel dp: gradient all-reduce bucket size (MB)
-  zero1=true                --parallel dp: shard the optimizer state over the ranks (ZeRO-1)
-  reshard_after_forward=false  --parallel fsdp: keep gathered weights until backward (ZeRO-2)
-  sequence_parallel=false   --parallel tp: all-reduce instead of sequence-sharded norms
-  collective_timeout_s=N    fail when a collective waits N s (a rank died or hung; default 600)
-  fused_loss=true           the head fused into the cross-entropy: no full logits
-  document_mask=true        packed documents attend only to themselves
-  kernels=triton            RMSNorm, SwiGLU, RoPE, attention and the fused loss by Triton (a GPU)
+training settings without a flag (--set train.SECTION.KEY=VALUE, or [train.SECTION] in a
+TOML file; docs/reference/config.md lists them all):
+  precision.cast_module=true       bf16/fp16: cast the model itself, step fp32 master copies
+  optimizer.offload=true           keep optimizer state and fp32 master weights on the CPU
+  optimizer.fused_adamw=false      lmforge's AdamW instead of PyTorch's fused kernel
+  optimizer.name=muon              Muon for the blocks' matrices, AdamW for the rest
+  optimizer.muon_lr=0.02           optimizer.name=muon: the matrices' peak learning rate
+  optimizer.muon_momentum=0.95     optimizer.name=muon: Nesterov momentum
+  optimizer.embed_lr=0.1           the input embedding's AdamW peak learning rate (0: lr)
+  max_bad_steps=N                  stop after N non-finite steps in a row (default 25)
+  loader.kind=sequential           walk the shards in a seeded order instead of random windows
+  checkpoint.every=N               also checkpoint every N steps (always at the end, on
+                                   Ctrl-C and on SIGTERM)
+  parallel.ddp_bucket_mb=25        --parallel dp: gradient all-reduce bucket size (MB)
+  parallel.zero1=true              --parallel dp: shard the optimizer state (ZeRO-1)
+  parallel.reshard_after_forward=false  --parallel fsdp: keep gathered weights until
+                                   backward (ZeRO-2)
+  parallel.sequence_parallel=false --parallel tp: all-reduce instead of sequence-sharded norms
+  parallel.collective_timeout_s=N  fail when a collective waits N s (a rank died or hung;
+                                   default 600)
+  compute.fused_loss=true          the head fused into the cross-entropy: no full logits
+  loader.document_mask=true        packed documents attend only to themselves
+  compute.kernels=triton           RMSNorm, SwiGLU, RoPE, attention and the fused loss by
+                                   Triton (a GPU)
+the flat keys of earlier releases (train.lr, train.zero1, ...) still work, with a note
+naming the new key
 """
 
-# Flags that set one train.* key each: (flag attribute, TrainConfig field).
+# Flags that set one train key each: (flag attribute, (section or None, field)).
 _TRAIN_FLAGS = (
-    ("max_steps", "max_steps"),
-    ("seed", "seed"),
-    ("device", "device"),
-    ("parallel", "parallel"),
-    ("precision", "precision"),
-    ("activation_checkpointing", "activation_checkpointing"),
+    ("max_steps", (None, "max_steps")),
+    ("seed", (None, "seed")),
+    ("device", (None, "device")),
+    ("parallel", ("parallel", "layout")),
+    ("precision", ("precision", "dtype")),
+    ("activation_checkpointing", ("compute", "activation_checkpointing")),
 )
 
 
@@ -62,20 +68,21 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one setting, e.g. train.lr=1e-3 (repeatable)",
+        help="override one setting, e.g. train.optimizer.lr=1e-3 (repeatable)",
     )
 
 
 def add_speed_options(p: argparse.ArgumentParser) -> None:
-    """Flags for train.precision, train.activation_checkpointing and train.compile, and the
-    CPU threads."""
+    """Flags for train.precision.dtype, train.compute.activation_checkpointing and
+    train.compute.compile, and the CPU threads."""
     p.add_argument(
         "--precision",
         choices=["fp32", "bf16", "fp16", "fp8", "auto"],
         help="compute precision; weights and optimizer stay fp32. bf16: autocast; fp16: "
         "autocast + dynamic loss scaling; fp8: E4M3/E5M2 matmuls in the blocks (real on CUDA "
         "≥ 8.9, simulated elsewhere); auto: bf16 where it is fast (default: the preset's). "
-        "train.cast_module=true casts the model itself (fp32 master weights) instead of autocast",
+        "train.precision.cast_module=true casts the model itself (fp32 master weights) instead "
+        "of autocast",
     )
     p.add_argument(
         "--activation-checkpointing",
@@ -123,12 +130,20 @@ def with_train_flags(train: TrainConfig, args: argparse.Namespace) -> TrainConfi
     """`train` with the flags given that set train.* keys (--minutes, --max-steps, ...)."""
     if getattr(args, "minutes", None) is not None:
         train = dataclasses.replace(train, minutes=args.minutes, max_steps=0)
-    for flag, key in _TRAIN_FLAGS:
+    for flag, (section, key) in _TRAIN_FLAGS:
         if getattr(args, flag, None) is not None:
-            train = dataclasses.replace(train, **{key: getattr(args, flag)})
+            train = _with(train, section, key, getattr(args, flag))
     if getattr(args, "compile", False):
-        train = dataclasses.replace(train, compile=True)
+        train = _with(train, "compute", "compile", True)
     return train
+
+
+def _with(train: TrainConfig, section: str | None, key: str, value: object) -> TrainConfig:
+    """`train` with train.KEY (section None) or train.SECTION.KEY set to `value`."""
+    if section is None:
+        return dataclasses.replace(train, **{key: value})
+    part = dataclasses.replace(getattr(train, section), **{key: value})
+    return dataclasses.replace(train, **{section: part})
 
 
 def with_data(cfg: RunConfig, path: str) -> RunConfig:

@@ -216,7 +216,7 @@ def _final_evaluation(
     cfg: RunConfig, final: EvalResult, baseline: float, val_tokens: int, periodic_bpb: float
 ) -> dict:
     """The report's evaluation: the final one and how much it read, beside the last periodic
-    validation (metrics.jsonl's `val_bpb`, over train.eval_batches batches)."""
+    validation (metrics.jsonl's `val_bpb`, over train.eval.batches batches)."""
     seq_len, batch_size = cfg.train.seq_len, cfg.train.batch_size
     windows = min(math.ceil((val_tokens - seq_len) / seq_len), batch_size * FINAL_EVAL_BATCHES)
     return {
@@ -228,7 +228,7 @@ def _final_evaluation(
         "seq_len": seq_len,
         "tokens": final.tokens,
         "periodic_val_bpb": periodic_bpb,
-        "periodic_batches": cfg.train.eval_batches,
+        "periodic_batches": cfg.train.eval.batches,
     }
 
 

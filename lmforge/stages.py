@@ -218,8 +218,8 @@ def is_rank_zero() -> bool:
 
 
 def _task_scorer(cfg: RunConfig, data: Data):
-    """`train.eval_tasks` as the callback `train` scores its model with (eval/periodic.py)."""
-    names = [n.strip() for n in cfg.train.eval_tasks.split(",") if n.strip()]
+    """`train.eval.tasks` as the callback `train` scores its model with (eval/periodic.py)."""
+    names = [n.strip() for n in cfg.train.eval.tasks.split(",") if n.strip()]
     if not names:
         return None
     from lmforge.eval.periodic import task_evaluator

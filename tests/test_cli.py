@@ -256,7 +256,7 @@ def _run(*args, cwd=None, env=None):
 
 def _speedrun(corpus_dir, out, env=None):
     settings = ["--set", "train.max_steps=60", "--set", "data.val_fraction=0.1"]
-    settings += ["--set", "train.eval_every=30", "--set", "train.eval_tasks=code"]
+    settings += ["--set", "train.eval.every=30", "--set", "train.eval.tasks=code"]
     return _run(
         "speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, *settings, env=env
     )
@@ -284,7 +284,7 @@ def test_speedrun_writes_a_complete_run_folder(speedrun_dir):
     logs = [r for r in records if "loss" in r]
     assert all({"tokens_per_s", "step_time_s", "mfu", "peak_memory_mb"} <= set(r) for r in logs)
     assert (out / "checkpoints" / "step_60" / "model.safetensors").exists()
-    scored = [r for r in records if "task_code_next_line" in r]  # train.eval_tasks=code
+    scored = [r for r in records if "task_code_next_line" in r]  # train.eval.tasks=code
     assert [r["step"] for r in scored] == [30, 60]
     assert all(0 <= r["task_code_closing"] <= 1 for r in scored)
     for stage in ("documents:", "tokenizer:", "tokens:", "evaluation:", "tasks:", "report:"):
@@ -430,7 +430,7 @@ def test_python_api_loads_a_checkpoint(speedrun_dir):
     [
         (["train", "--preset", "huge"], "unknown preset 'huge'"),
         (["train", "--preset", "tiny", "--set", "train.nope=1"], "unknown key train.nope"),
-        (["train", "--preset", "tiny", "--set", "train.precision=fp9"], "choose one of fp32"),
+        (["train", "--preset", "tiny", "--set", "train.precision.dtype=fp9"], "choose one of fp32"),
         (["speedrun", "--preset", "tiny", "--data", "/no/such/path"], "does not exist"),
         (["generate", "--checkpoint", "/no/such/run", "--prompt", "x"], "no checkpoint found"),
         (["eval", "--checkpoint", "/no/such/run"], "no checkpoint found"),
@@ -462,7 +462,15 @@ def test_changed_config_does_not_touch_an_existing_run(speedrun_dir, corpus_dir)
     out, _ = speedrun_dir
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     result = _run(
-        "speedrun", "--preset", "tiny", "--data", corpus_dir, "--out", out, "--set", "train.lr=0.1"
+        "speedrun",
+        "--preset",
+        "tiny",
+        "--data",
+        corpus_dir,
+        "--out",
+        out,
+        "--set",
+        "train.optimizer.lr=0.1",
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "another config" in result.stderr
@@ -586,9 +594,9 @@ def test_unavailable_or_unknown_devices_are_one_line_errors(
 
 def test_out_of_range_settings_fail_before_any_work(tmp_path, capsys):
     out = tmp_path / "r"
-    args = ["train", "--preset", "tiny", "--out", str(out), "--set", "train.lr=-1"]
+    args = ["train", "--preset", "tiny", "--out", str(out), "--set", "train.optimizer.lr=-1"]
     err = _one_line_error(main(args), capsys)
-    assert "train.lr is -1.0: it must be above 0" in err
+    assert "train.optimizer.lr is -1.0: it must be above 0" in err
     assert not out.exists()
 
 
@@ -632,7 +640,7 @@ def test_report_and_metrics_name_the_final_and_periodic_evaluations_apart(speedr
     report = (out / "report.md").read_text()
     assert "| final evaluation: validation bits per byte |" in report
     assert "| periodic validation bits per byte, last (`val_bpb` in metrics.jsonl) |" in report
-    assert "reads 4 batches (`train.eval_batches`)" in report
+    assert "reads 4 batches (`train.eval.batches`)" in report
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     finals = [r for r in records if "final_val_bpb" in r]
     assert len(finals) == 1 and finals[0]["step"] == 60  # one, even after the rerun above

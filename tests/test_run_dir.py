@@ -45,12 +45,12 @@ def test_an_old_pretraining_folder_resumes_with_the_same_config(old_pretraining,
 
 def test_an_old_pretraining_folder_refuses_another_config_in_one_line(old_pretraining):
     before = (old_pretraining / "config.toml").read_text()
-    other = apply_override(preset("tiny"), "train.lr=0.5")
+    other = apply_override(preset("tiny"), "train.optimizer.lr=0.5")
     with pytest.raises(LmforgeError) as refused:
         RunDir(old_pretraining, RUN_FOLDER).claim(other)
     assert str(refused.value) == (
-        f"{old_pretraining} holds a run with another config (train.lr: 0.003 → 0.5): pass "
-        "--fresh to start over there, or --out for a new run folder"
+        f"{old_pretraining} holds a run with another config (train.optimizer.lr: 0.003 → 0.5): "
+        "pass --fresh to start over there, or --out for a new run folder"
     )
     assert (old_pretraining / "config.toml").read_text() == before  # nothing touched
     assert (old_pretraining / "metrics.jsonl").exists()
@@ -73,11 +73,11 @@ def test_an_old_pretraining_folder_takes_a_new_length(old_pretraining, capsys):
 
 
 def test_a_run_resumes_on_another_parallel_layout(old_pretraining, capsys):
-    spread = apply_override(preset("tiny"), "train.parallel=tp=2")
-    RunDir(old_pretraining, RUN_FOLDER).claim(apply_override(spread, "train.compile=true"))
+    spread = apply_override(preset("tiny"), "train.parallel.layout=tp=2")
+    RunDir(old_pretraining, RUN_FOLDER).claim(apply_override(spread, "train.compute.compile=true"))
     assert (
-        "with a new length or layout (train.compile: False → True, train.parallel: '' → tp=2)"
-        in (capsys.readouterr().out)
+        "with a new length or layout (train.compute.compile: False → True, "
+        "train.parallel.layout: '' → tp=2)" in (capsys.readouterr().out)
     )
 
 

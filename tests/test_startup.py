@@ -51,7 +51,7 @@ def test_commands_that_need_no_model_do_not_import_torch(tmp_path):
         f"tokenize --tokenizer {tok} --input {tmp_path} --out {shards} --val-fraction 0.5 "
         "--workers 1",
         f"data run --input {text} --output {tmp_path / 'd'} --steps quality",
-        "train --set train.lr=-1",
+        "train --set train.optimizer.lr=-1",
         "speedrun --set model.d_model=0",
         *(f"{c} --checkpoint {tmp_path / 'nothing'}{rest}" for c, rest in CHECKPOINT_COMMANDS),
         f"eval --checkpoint {hf}",

@@ -46,7 +46,7 @@ def render() -> str:
         "`config.toml` in the run folder.",
         "",
         "```toml",
-        "# my.toml: lmforge train --config my.toml --set train.lr=2e-3",
+        "# my.toml: lmforge train --config my.toml --set train.optimizer.lr=2e-3",
         "[model]",
         "d_model = 384",
         "n_layers = 6",
@@ -134,7 +134,9 @@ def _table(cls, fields, instance, prefix: str, extra: dict | None = None) -> lis
         )
     rows.append("")
     for f, value in nested:
-        rows += _table(type(value), dataclasses.fields(value), value, f"{prefix}{f.name}.")
+        name = f"{prefix}{f.name}"
+        rows += [f"#### `[{name}]`", "", _cell(_first_paragraph(type(value))), ""]
+        rows += _table(type(value), dataclasses.fields(value), value, f"{name}.")
     return rows
 
 
@@ -214,7 +216,10 @@ SECTIONS = {
     "model": "The model's shape and options (`ModelConfig`, lmforge/model/config.py).",
     "tokenizer": "The BPE tokenizer a run trains (`TokenizerConfig`, lmforge/prepare.py).",
     "data": "The documents a run prepares (`DataConfig`, lmforge/prepare.py).",
-    "train": "The training loop's settings (`TrainConfig`, lmforge/train/config.py).",
+    "train": "The training run's settings (`TrainConfig`, lmforge/train/config.py): the run's own "
+    "below, then one table per component the run builds (`[train.optimizer]`, "
+    "`[train.schedule]`, ...). The flat keys of earlier releases (`train.lr`, `[train] lr = ...`) "
+    "still work: each is read as its new key, with a one-line note naming it.",
 }
 
 

@@ -31,7 +31,7 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
 SPEEDRUN = [
     "speedrun", "--preset", "tiny",
-    "--set", "train.max_steps=300", "--set", "train.eval_every=50",
+    "--set", "train.max_steps=300", "--set", "train.eval.every=50",
     "--set", "model.max_seq_len=256", "--set", "train.seq_len=128",  # room for a chat turn
 ]  # fmt: skip
 PROMPT = "def fibonacci(n):"

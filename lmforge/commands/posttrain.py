@@ -53,7 +53,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="train.KEY=VALUE",
-        help="override one training setting, e.g. train.lr=1e-4 (repeatable)",
+        help="override one training setting, e.g. train.optimizer.lr=1e-4 (repeatable)",
     )
     p.add_argument("--max-steps", type=int, help="optimizer steps (instead of --epochs)")
     p.add_argument("--minutes", type=float, help="a time budget (instead of --epochs)")

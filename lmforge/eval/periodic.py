@@ -1,4 +1,4 @@
-"""Task scores during training (`train.eval_tasks`): the trainer calls back with its model.
+"""Task scores during training (`train.eval.tasks`): the trainer calls back with its model.
 
 Training never imports eval/ (its validation is train/bpb.py), so the speedrun builds this
 callback and hands it to `train`, which calls it at every validation with the model it trains.

@@ -116,5 +116,5 @@ def check_batch(layout: Layout, batch_size: int, seq_len: int, sequence_parallel
     if sequence_parallel and layout.tp > 1 and seq_len % layout.tp:
         raise LmforgeError(
             f"train.seq_len {seq_len} does not split over tp={layout.tp} sequence-parallel "
-            "ranks: make it a multiple of tp, or set train.sequence_parallel=false"
+            "ranks: make it a multiple of tp, or set train.parallel.sequence_parallel=false"
         )

@@ -42,8 +42,9 @@ def parallelize(
     layout, mesh = world.layout, world.mesh
     if options.zero1 and (layout.fsdp > 1 or layout.tp > 1 or layout.ep > 1):
         raise LmforgeError(
-            "train.zero1 shards the optimizer of plain data parallelism (dp) only; fsdp already "
-            "shards optimizer state (and ep the experts'): drop train.zero1 or use --parallel dp=N"
+            "train.parallel.zero1 shards the optimizer of plain data parallelism (dp) only; fsdp "
+            "already shards optimizer state (and ep the experts'): drop train.parallel.zero1 or "
+            "use --parallel dp=N"
         )
     if layout.tp > 1:
         if model.config.tie_embeddings:

@@ -177,7 +177,7 @@ def distributed(parallel: str, device: torch.device, timeout_s: float) -> Iterat
             raise
         raise LmforgeError(
             f"rank {rank}: a collective failed ({type(e).__name__}: {_first_line(e)}): "
-            f"another rank probably died or stalled past train.collective_timeout_s="
+            f"another rank probably died or stalled past train.parallel.collective_timeout_s="
             f"{timeout_s:g}; check the other ranks' output, fix it, and resume"
         ) from e
     finally:

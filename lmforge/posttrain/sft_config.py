@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmforge.model.config import ModelConfig
-from lmforge.train.config import TrainConfig
+from lmforge.train.config import EvalConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 
 
 def sft_train_config(model: ModelConfig, lora: bool = False) -> TrainConfig:
@@ -13,16 +13,10 @@ def sft_train_config(model: ModelConfig, lora: bool = False) -> TrainConfig:
     return TrainConfig(
         batch_size=16,
         seq_len=min(512, model.max_seq_len),
-        lr=2e-3 if lora else 3e-4,
-        schedule="cosine",
-        min_lr_ratio=0.1,
-        warmup_frac=0.05,
-        warmup_steps=20,
         max_steps=0,
         minutes=0.0,
-        weight_decay=0.0,
-        eval_every=50,
-        eval_batches=8,
         log_every=10,
-        optimizer="adamw",
+        optimizer=OptimizerConfig(name="adamw", lr=2e-3 if lora else 3e-4, weight_decay=0.0),
+        schedule=ScheduleConfig(kind="cosine", min_lr_ratio=0.1, warmup_frac=0.05, warmup_steps=20),
+        eval=EvalConfig(every=50, batches=8),
     )

@@ -223,7 +223,7 @@ class Conversations:
         )
 
     def validation_batches(self, cfg: TrainConfig) -> int:
-        return min(cfg.eval_batches, math.ceil(len(self.val) / cfg.batch_size))
+        return min(cfg.eval.batches, math.ceil(len(self.val) / cfg.batch_size))
 
     @torch.no_grad()
     def validate(self, model, cfg: TrainConfig, device: torch.device) -> EvalResult:

@@ -30,25 +30,42 @@ class StepTimer:
         self.device = torch.device("cpu")
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
-        precision = make_precision(cfg.precision, self.device, cfg.cast_module)
+        precision = make_precision(cfg.precision.dtype, self.device, cfg.precision.cast_module)
         model = Transformer(model_config)
-        self.model = compose(model, precision, self.device, cfg.activation_checkpointing,
-                             cfg.compile)  # fmt: skip
+        self.model = compose(
+            model, precision, self.device, cfg.compute.activation_checkpointing, cfg.compute.compile
+        )
         self.optimizer = build_optimizer(
-            model, cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, cfg.fused_adamw,
-            cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.embed_lr,
-        )  # fmt: skip
+            model,
+            cfg.optimizer.lr,
+            (cfg.optimizer.beta1, cfg.optimizer.beta2),
+            cfg.optimizer.weight_decay,
+            cfg.optimizer.fused_adamw,
+            cfg.optimizer.name,
+            cfg.optimizer.muon_lr,
+            cfg.optimizer.muon_momentum,
+            cfg.optimizer.embed_lr,
+        )
         self.guard = NonFiniteGuard(self.device, cfg.max_bad_steps)
-        self.batches = make_batches(cfg.loader, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed)
+        self.batches = make_batches(
+            cfg.loader.kind, shard_dir, cfg.batch_size, cfg.seq_len, cfg.seed
+        )
         self.model.compute.train()
         self.steps = 0
 
     def step(self) -> float:
         cfg, t0 = self.cfg, time.perf_counter()
         result = train_step(
-            self.model, self.optimizer, self.guard, self.batches, self.steps, cfg.lr,
-            cfg.grad_accum_steps, cfg.grad_clip, self.device,
-        )  # fmt: skip
+            self.model,
+            self.optimizer,
+            self.guard,
+            self.batches,
+            self.steps,
+            cfg.optimizer.lr,
+            cfg.grad_accum_steps,
+            cfg.optimizer.grad_clip,
+            self.device,
+        )
         float(result.loss)  # wait for the step
         self.steps += 1
         return time.perf_counter() - t0

@@ -43,16 +43,17 @@ def plan_vs_measured(config_toml: str, training: dict, metrics: list[dict]) -> l
 
     if "precision" not in training:
         return []
-    cfg = apply_dict(RunConfig(), tomllib.loads(config_toml), source="config.toml")
+    cfg = apply_dict(RunConfig(), tomllib.loads(config_toml), source="config.toml", note=False)
     shape, tr = from_model_config(cfg.name, cfg.model), cfg.train
     # the run records Precision.describe(), e.g. "bf16 (cast module, fp32 master weights)"
-    precision = run_precision(training["precision"].split(" ", 1)[0], tr.cast_module)
-    residual = precision.activation if tr.cast_module else 4
+    cast = tr.precision.cast_module
+    precision = run_precision(training["precision"].split(" ", 1)[0], cast)
+    residual = precision.activation if cast else 4
     per_layer = activation_bytes_per_layer(
         shape,
         tr.batch_size,
         tr.seq_len,
-        tr.activation_checkpointing,
+        tr.compute.activation_checkpointing,
         precision.activation,
         residual,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 def plot_loss(metrics: list[dict], path: str | Path, title: str = "loss") -> Path:
     """Training loss per step, with validation loss where it was measured, and beside them the
-    task scores of `train.eval_tasks` (metrics named `task_<name>`) where there are any."""
+    task scores of `train.eval.tasks` (metrics named `task_<name>`) where there are any."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,7 +36,7 @@ def plot_loss(metrics: list[dict], path: str | Path, title: str = "loss") -> Pat
             scores.plot(*zip(*points, strict=True), "o-", label=name[5:], markersize=4)
         scores.set_xlabel("step")
         scores.set_ylabel("score (accuracy)")
-        scores.set_title("tasks (train.eval_tasks)")
+        scores.set_title("tasks (train.eval.tasks)")
         scores.grid(alpha=0.3)
         scores.legend()
     fig.tight_layout()

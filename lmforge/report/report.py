@@ -5,7 +5,7 @@ evaluation, samples), so it can be regenerated at any time.
 
 Two evaluations are named apart: the *final evaluation* (up to 64 batches of the validation
 split, after training: the report's headline, `final_val_*` in metrics.jsonl) and the
-*periodic validation* during training (`train.eval_batches` batches: `val_*` in metrics.jsonl).
+*periodic validation* during training (`train.eval.batches` batches: `val_*` in metrics.jsonl).
 A run whose final evaluation does not beat the unigram baseline gets a warning line.
 """
 
@@ -96,7 +96,7 @@ def baseline_warning(val_bpb: float, unigram_bpb: float) -> str | None:
     return (
         f"the model does not beat the unigram baseline ({val_bpb:.4f} vs {unigram_bpb:.4f} bits "
         "per byte): it predicts no better than token frequencies alone; train longer, lower "
-        "train.lr, or check the data"
+        "train.optimizer.lr, or check the data"
     )
 
 
@@ -135,7 +135,7 @@ def _result(ev: dict) -> list[str]:
             "after training: `final_val_loss` and `final_val_bpb` in metrics.jsonl. "
             + (
                 f"The periodic validation during training reads {periodic} batches "
-                f"(`train.eval_batches`): `val_loss` and `val_bpb` there, so the two differ."
+                f"(`train.eval.batches`): `val_loss` and `val_bpb` there, so the two differ."
                 if periodic
                 else ""
             ),

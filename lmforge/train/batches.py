@@ -108,9 +108,11 @@ def make_batches(
     segments: bool = False,
 ) -> Batches:
     """This data-parallel `rank`'s share of every global batch of `batch_size` rows; with
-    `segments`, each batch also carries its rows' document numbers (train.document_mask)."""
+    `segments`, each batch also carries its rows' document numbers (train.loader.document_mask)."""
     if kind not in LOADERS:
-        raise LmforgeError(f"unknown train.loader {kind!r}: choose one of {', '.join(LOADERS)}")
+        raise LmforgeError(
+            f"unknown train.loader.kind {kind!r}: choose one of {', '.join(LOADERS)}"
+        )
     cls = RandomBatches if kind == "random" else SequentialBatches
     return cls(shard_dir, batch_size, seq_len, seed, rank, world_size, segments)
 
@@ -119,5 +121,5 @@ def _check_kind(state: dict, kind: str) -> None:
     if state.get("kind") != kind:
         raise LmforgeError(
             f"the checkpoint's loader state is {state.get('kind')!r} but this run uses {kind!r}: "
-            "resume with the same train.loader, or start over with --fresh"
+            "resume with the same train.loader.kind, or start over with --fresh"
         )

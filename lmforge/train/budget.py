@@ -70,8 +70,8 @@ def steps_in_budget(
     validations and the closing one that ends every run (`eval_s` each where measured, else a
     forward pass ≈ 1/3 of a step per batch)."""
     if eval_s is None:
-        eval_s = cfg.eval_batches * per_step / (3 * cfg.grad_accum_steps)
-    evals = eval_s / cfg.eval_every if cfg.eval_every else 0.0
+        eval_s = cfg.eval.batches * per_step / (3 * cfg.grad_accum_steps)
+    evals = eval_s / cfg.eval.every if cfg.eval.every else 0.0
     return step + max(1, int((remaining_s - eval_s) / (per_step + evals)))
 
 
@@ -110,7 +110,7 @@ class StepBudget:
         self.cfg, self.schedule, self.world, self.clock = cfg, schedule, world, clock
         self.total, self.resumed = total, resumed
         self.budget_s = cfg.minutes * 60 if not cfg.max_steps else math.inf
-        self.refits = cfg.schedule == "wsd" and not cfg.max_steps
+        self.refits = cfg.schedule.kind == "wsd" and not cfg.max_steps
         self.step_clock = StepClock(clock.now)
 
     def continues(self, step: int) -> bool:

@@ -188,11 +188,13 @@ def load_training_state(
         saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
         try:
             optimizer.load_state_dict(saved)
-        except ValueError as e:  # another grouping: train.optimizer or train.embed_lr changed
+        except (
+            ValueError
+        ) as e:  # another grouping: train.optimizer.name or train.optimizer.embed_lr changed
             raise LmforgeError(
                 f"optimizer state in {checkpoint} does not fit this run's optimizer ({e}): "
-                "resume with the train.optimizer and train.embed_lr it was trained with, "
-                "or start over with --fresh"
+                "resume with the train.optimizer.name and train.optimizer.embed_lr it was trained "
+                "with, or start over with --fresh"
             ) from None
     state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
     _set_rng_state(state.pop("rng"))

@@ -82,12 +82,13 @@ def load_distributed(
             f"checkpoint {checkpoint} holds ZeRO-1 optimizer state for {len(zero1_files)} "
             f"data-parallel ranks, which cannot be resharded to this layout ({data_parallel} "
             f"ranks{'' if isinstance(optimizer, Zero1) else ', no zero1'}): resume with "
-            f"--parallel dp={len(zero1_files)} and train.zero1=true, or start over with --fresh"
+            f"--parallel dp={len(zero1_files)} and train.parallel.zero1=true, or start over "
+            "with --fresh"
         )
     if isinstance(optimizer, Zero1) and not zero1_files:
         raise LmforgeError(
             f"checkpoint {checkpoint} has no ZeRO-1 optimizer state: resume it with "
-            "train.zero1=false, or start over with --fresh"
+            "train.parallel.zero1=false, or start over with --fresh"
         )
     state = {"model": get_model_state_dict(model)}
     if not zero1_files:

@@ -2,9 +2,10 @@
 
 Like torchtitan's `parallelize(model)`, everything a run changes about how the model computes
 is applied here from outside, never inside model/: first the compute copy (half precision for
-`cast_module`, the GPU copy when the optimizer is offloaded), then the kernels (`train.kernels`,
-lmforge.train.kernel_choice), then the precision's layers (fp8), then activation checkpointing per
-block, then `torch.compile` per block. A run on many processes swaps in the kernels first (not
+`cast_module`, the GPU copy when the optimizer is offloaded), then the kernels
+(`train.compute.kernels`, lmforge.train.kernel_choice), then the precision's layers (fp8), then
+activation checkpointing per block, then `torch.compile` per block. A run on many processes swaps
+in the kernels first (not
 under tensor parallelism, whose shards they cannot take), then hands the model to
 lmforge.parallel.parallelize, which applies tensor parallelism, checkpointing, compile and data
 parallelism in the same order.
@@ -102,18 +103,19 @@ def compose(
     kernels: str = "torch",
 ) -> Composed:
     """Wrap `model` (fp32, on its master device) for training on `device` (or on `world`, by
-    default this process alone), computing with `kernels` (train.kernels: torch or triton)."""
+    default this process alone), computing with `kernels` (train.compute.kernels: torch or
+    triton)."""
     objective = objective or Objective()
     world = world or World.single(device)
     if objective.fused_loss and world.layout.tp > 1:
         raise LmforgeError(
-            "train.fused_loss needs the whole vocabulary on each rank: "
+            "train.compute.fused_loss needs the whole vocabulary on each rank: "
             "turn it off under tensor parallelism (tp > 1)"
         )
     if kernels != "torch" and world.layout.tp > 1:
         raise LmforgeError(
-            f"train.kernels={kernels} takes whole tensors, not tensor-parallel shards: "
-            "use train.kernels=torch under tensor parallelism (tp > 1)"
+            f"train.compute.kernels={kernels} takes whole tensors, not tensor-parallel shards: "
+            "use train.compute.kernels=torch under tensor parallelism (tp > 1)"
         )
     compile = use_compile(compile, device)
     if device.type == "cpu":

@@ -61,18 +61,18 @@ class TokenShards:
 
     def batches(self, cfg: TrainConfig, rank: int, world_size: int) -> Batches:
         return make_batches(
-            cfg.loader,
+            cfg.loader.kind,
             self.shard_dir,
             cfg.batch_size,
             cfg.seq_len,
             cfg.seed,
             rank,
             world_size,
-            segments=cfg.document_mask,
+            segments=cfg.loader.document_mask,
         )
 
     def validation_batches(self, cfg: TrainConfig) -> int:
-        return eval_batches(len(self.val_tokens), cfg.seq_len, cfg.batch_size, cfg.eval_batches)
+        return eval_batches(len(self.val_tokens), cfg.seq_len, cfg.batch_size, cfg.eval.batches)
 
     def validate(self, model: nn.Module, cfg: TrainConfig, device: torch.device) -> EvalResult:
         return evaluate(
@@ -81,7 +81,7 @@ class TokenShards:
             self.byte_lengths,
             cfg.seq_len,
             cfg.batch_size,
-            cfg.eval_batches,
+            cfg.eval.batches,
             device,
         )
 

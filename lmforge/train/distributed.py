@@ -25,10 +25,15 @@ SUPPORTED_PRECISIONS = ("fp32", "bf16")
 
 def check_parallel(world: World, cfg: TrainConfig, model: ModelConfig) -> None:
     """Refuse, before any collective, what this layout cannot train."""
-    if cfg.precision not in SUPPORTED_PRECISIONS or cfg.cast_module or cfg.offload_optimizer:
+    if (
+        cfg.precision.dtype not in SUPPORTED_PRECISIONS
+        or cfg.precision.cast_module
+        or cfg.optimizer.offload
+    ):
         raise LmforgeError(
-            f"--parallel {world.layout} supports train.precision fp32 or bf16 (autocast) without "
-            "cast_module or offload_optimizer: change those settings or train in one process"
+            f"--parallel {world.layout} supports train.precision.dtype fp32 or bf16 (autocast) "
+            "without train.precision.cast_module or train.optimizer.offload: change those "
+            "settings or train in one process"
         )
     check_model(world.layout, model.n_heads, model.kv_heads, model.ffn_dim, model.n_experts)
-    check_batch(world.layout, cfg.batch_size, cfg.seq_len, cfg.sequence_parallel)
+    check_batch(world.layout, cfg.batch_size, cfg.seq_len, cfg.parallel.sequence_parallel)

@@ -41,7 +41,11 @@ class NonFiniteGuard:
         return int(self.longest) >= self.max_bad_steps
 
     def stop_if_diverged(
-        self, step: int, last_good: Path | None, run: str = "training", lr_key: str = "train.lr"
+        self,
+        step: int,
+        last_good: Path | None,
+        run: str = "training",
+        lr_key: str = "train.optimizer.lr",
     ) -> None:
         """Raise `Diverged` once `max_bad_steps` steps in a row were bad (reads the device)."""
         if not self.diverged():

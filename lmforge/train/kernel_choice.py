@@ -1,4 +1,4 @@
-"""`train.kernels`: whether the model computes with PyTorch ("torch") or Triton ("triton").
+"""`train.compute.kernels`: whether the model computes with PyTorch ("torch") or Triton ("triton").
 
 For "triton", `apply_kernels` asks lmforge.kernels.triton's `unavailable(name, device, dtype)`
 once per kernel the model uses, before any kernel module is loaded, and fails with the first
@@ -10,8 +10,8 @@ parameters or their names, so a checkpoint of either choice loads under the othe
 Attention rotates with the Triton RoPE, and attends with the Triton FlashAttention-2 whenever
 its queries start at position 0 (training and scoring, with or without packed documents); a
 KV cache's later positions keep the PyTorch attention. The fused head + cross-entropy of
-train.fused_loss becomes the Triton one (the model's `head_loss`). Left on PyTorch: the experts
-of a MoE (grouped matmuls).
+train.compute.fused_loss becomes the Triton one (the model's `head_loss`). Left on PyTorch: the
+experts of a MoE (grouped matmuls).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def apply_kernels(
         return []
     if choice not in KERNEL_CHOICES:
         raise LmforgeError(
-            f"train.kernels is {choice!r}: choose one of {', '.join(KERNEL_CHOICES)}"
+            f"train.compute.kernels is {choice!r}: choose one of {', '.join(KERNEL_CHOICES)}"
         )
     present = {type(m) for m in model.modules()}
     names = [name for name, cls in _USES if any(issubclass(t, cls) for t in present)]
@@ -79,8 +79,8 @@ def apply_kernels(
         reason = unavailable(name, device, dtype)
         if reason is not None:
             raise LmforgeError(
-                f"train.kernels=triton cannot run the {name} kernel: {reason}; "
-                "train.kernels=torch runs anywhere"
+                f"train.compute.kernels=triton cannot run the {name} kernel: {reason}; "
+                "train.compute.kernels=torch runs anywhere"
             )
     kernels = {name: load(name) for name in names}
     attend = None

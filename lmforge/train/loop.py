@@ -16,9 +16,9 @@ resumed run repeats it; a resumed run given more steps (or a new budget) continu
 schedule tail. The host reads values back from the device only on log, evaluation and
 checkpoint steps.
 
-A single process trains on `World.single`; under torchrun, `train.parallel` lays the processes
-out on a device mesh (lmforge.parallel): every rank runs this same loop on its share of the
-global batch, rank 0 alone writes metrics and prints, and all ranks write their shards of each
+A single process trains on `World.single`; under torchrun, `train.parallel.layout` lays the
+processes out on a device mesh (lmforge.parallel): every rank runs this same loop on its share of
+the global batch, rank 0 alone writes metrics and prints, and all ranks write their shards of each
 checkpoint. The loop never asks which: the World's collectives and the components do.
 """
 
@@ -105,7 +105,7 @@ def train(
     `threads` (else LMFORGE_THREADS) fixes the CPU threads; without either, a run on the CPU
     times its first steps at a few counts and keeps the fastest (lmforge.threads). The
     process's thread count is restored on return. `score_tasks` (from eval/periodic.py, for
-    `train.eval_tasks`) scores the model on tasks at each validation, logged as `task_<name>`.
+    `train.eval.tasks`) scores the model on tasks at each validation, logged as `task_<name>`.
     `init_model` prepares the new fp32 model before anything else sees it (fine-tuning loads
     its base weights there and may add LoRA adapters); a resumed run then loads its checkpoint
     over it. `clock` is the command's budget clock (`cfg.minutes` is spent on it): by default one
@@ -117,7 +117,7 @@ def train(
     device = pick_device(cfg.device)
     previous_threads = torch.get_num_threads()
     try:
-        with distributed(cfg.parallel, device, cfg.collective_timeout_s) as world:
+        with distributed(cfg.parallel.layout, device, cfg.parallel.collective_timeout_s) as world:
             data = as_training_data(data)
             trainer = Trainer(
                 model_config, cfg, data, Path(out_dir), world, run_config or {}, score_tasks,
@@ -146,37 +146,53 @@ class Trainer:
     ) -> None:
         if score_tasks is not None and world.is_distributed:
             raise LmforgeError(
-                "train.eval_tasks scores tasks in a single-process run: leave it out under "
+                "train.eval.tasks scores tasks in a single-process run: leave it out under "
                 "torchrun and score the checkpoints with `lmforge eval --tasks`"
             )
         self.cfg, self.data, self.world, self.device = cfg, data, world, world.device
-        master_device = torch.device("cpu") if cfg.offload_optimizer else world.device
+        master_device = torch.device("cpu") if cfg.optimizer.offload else world.device
         torch.manual_seed(cfg.seed)
         model_config = _checked_model(model_config, cfg, data, world)
-        self.precision = make_precision(cfg.precision, world.device, cfg.cast_module)
+        self.precision = make_precision(
+            cfg.precision.dtype, world.device, cfg.precision.cast_module
+        )
         model = Transformer(model_config)
         if init_model is not None:
             init_model(model)
         self.model = model.to(master_device)
         options = ParallelOptions(
-            cfg.ddp_bucket_mb, cfg.zero1, cfg.reshard_after_forward, cfg.sequence_parallel
+            cfg.parallel.ddp_bucket_mb,
+            cfg.parallel.zero1,
+            cfg.parallel.reshard_after_forward,
+            cfg.parallel.sequence_parallel,
         )
         self.composed = compose(
-            self.model, self.precision, world.device, cfg.activation_checkpointing, cfg.compile,
-            world, options, Objective(cfg.fused_loss), cfg.kernels,
-        )  # fmt: skip
+            self.model,
+            self.precision,
+            world.device,
+            cfg.compute.activation_checkpointing,
+            cfg.compute.compile,
+            world,
+            options,
+            Objective(cfg.compute.fused_loss),
+            cfg.compute.kernels,
+        )
         self.optimizer = optimizer_from_config(self.model, cfg, world)
         self.guard = NonFiniteGuard(master_device, cfg.max_bad_steps)
         self.batches = data.batches(cfg, world.data_rank, world.layout.data_parallel)
         self.metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=world.is_main)
         self.validator = Validator(data, cfg, self.composed, self.metrics, score_tasks)
         self.checkpointer = Checkpointer(
-            out_dir, world, run_config, data.tokenizer_dir, cfg.checkpoint_every
+            out_dir, world, run_config, data.tokenizer_dir, cfg.checkpoint.every
         )
         self.schedule = Schedule(
-            cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.schedule, cfg.warmup_frac,
-            cfg.decay_frac,
-        )  # fmt: skip
+            cfg.optimizer.lr,
+            cfg.optimizer.lr * cfg.schedule.min_lr_ratio,
+            cfg.schedule.warmup_steps,
+            cfg.schedule.kind,
+            cfg.schedule.warmup_frac,
+            cfg.schedule.decay_frac,
+        )
         self.step, self.total_steps, self.prior_seconds = 0, cfg.max_steps or None, 0.0
         self.resumed_from: Path | None = None
         self.loader_state = self.batches.state_dict()  # as of the last completed step
@@ -311,7 +327,7 @@ class Trainer:
         with count_collectives() if counting else contextlib.nullcontext() as counted:
             result = train_step(
                 self.composed, self.optimizer, self.guard, self.batches, self.step, self.lr,
-                cfg.grad_accum_steps, cfg.grad_clip, self.device,
+                cfg.grad_accum_steps, cfg.optimizer.grad_clip, self.device,
                 measure_memory=measure and not world.is_distributed,
             )  # fmt: skip
         if counting:

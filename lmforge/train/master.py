@@ -1,7 +1,7 @@
 """fp32 master weights for a compute copy of the model in another dtype or on another device.
 
-With `train.cast_module` the forward runs a half-precision copy of the model (Megatron's
-Float16Module); with `train.offload_optimizer` the optimizer and its state live on the CPU
+With `train.precision.cast_module` the forward runs a half-precision copy of the model (Megatron's
+Float16Module); with `train.optimizer.offload` the optimizer and its state live on the CPU
 while the copy trains on the GPU. Either way the optimizer steps the fp32 master `Transformer`,
 which is also what checkpoints save: gradients flow copy → master before the step and weights
 master → copy after it.

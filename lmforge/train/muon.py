@@ -78,7 +78,7 @@ class Muon(AdamW):
     """Muon on groups with `muon=True`, AdamW (lmforge's, with its betas and eps) on the rest.
 
     Honours PyTorch's amp protocol like AdamW (`found_inf` skips the step on the device).
-    `train.fused_adamw` does not apply: the AdamW groups always use lmforge's AdamW.
+    `train.optimizer.fused_adamw` does not apply: the AdamW groups always use lmforge's AdamW.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """The optimizer a run uses: AdamW for every parameter (`train/adamw.py`), or Muon for the
-blocks' matrices with AdamW for the rest (`train/muon.py`), from `train.optimizer`."""
+blocks' matrices with AdamW for the rest (`train/muon.py`), from `train.optimizer.name`."""
 
 from __future__ import annotations
 
@@ -59,15 +59,23 @@ def build_optimizer(
 def optimizer_from_config(
     model: nn.Module, cfg: TrainConfig, world: World
 ) -> torch.optim.Optimizer:
-    """The optimizer `cfg` names (train.optimizer, lr, betas, weight_decay, muon_*, embed_lr)
+    """The optimizer `cfg` names (train.optimizer.name, lr, betas, weight_decay, muon_*, embed_lr)
     over `model`'s parameters, plain or sharded over `world`; itself sharded over the dp ranks
-    by ZeRO-1 (`train.zero1`) when there are several."""
-    betas = (cfg.beta1, cfg.beta2)
-    choice = (cfg.fused_adamw, cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.embed_lr)
-    if cfg.zero1 and world.layout.dp > 1:
+    by ZeRO-1 (`train.parallel.zero1`) when there are several."""
+    betas = (cfg.optimizer.beta1, cfg.optimizer.beta2)
+    choice = (
+        cfg.optimizer.fused_adamw,
+        cfg.optimizer.name,
+        cfg.optimizer.muon_lr,
+        cfg.optimizer.muon_momentum,
+        cfg.optimizer.embed_lr,
+    )
+    if cfg.parallel.zero1 and world.layout.dp > 1:
         from lmforge.parallel.data_parallel import build_zero1
 
         device = next(model.parameters()).device
-        cls, groups, extra = optimizer_choice(model, device, cfg.lr, cfg.weight_decay, *choice)
-        return build_zero1(groups, world.mesh["dp"], cls, lr=cfg.lr, betas=betas, **extra)
-    return build_optimizer(model, cfg.lr, betas, cfg.weight_decay, *choice)
+        cls, groups, extra = optimizer_choice(
+            model, device, cfg.optimizer.lr, cfg.optimizer.weight_decay, *choice
+        )
+        return build_zero1(groups, world.mesh["dp"], cls, lr=cfg.optimizer.lr, betas=betas, **extra)
+    return build_optimizer(model, cfg.optimizer.lr, betas, cfg.optimizer.weight_decay, *choice)

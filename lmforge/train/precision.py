@@ -37,8 +37,8 @@ class Precision:
     def __init__(self, device: torch.device, cast_module: bool = False) -> None:
         if cast_module and not self.castable:
             raise LmforgeError(
-                f"train.cast_module needs precision bf16 or fp16, not {self.name}: "
-                "change --precision or set train.cast_module=false"
+                f"train.precision.cast_module needs precision bf16 or fp16, not {self.name}: "
+                "change --precision or set train.precision.cast_module=false"
             )
         self.device = device
         self.cast_module = cast_module

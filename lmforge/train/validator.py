@@ -2,7 +2,7 @@
 
 It runs the data's own validation (bits per byte on token shards, the assistant's tokens for
 conversations: train/data.py) under the run's precision, logs it to metrics.jsonl with the
-batches it read and, where `train.eval_tasks` names tasks, scores the model on them too.
+batches it read and, where `train.eval.tasks` names tasks, scores the model on them too.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Validator:
 
     def due(self, step: int, total: int | None) -> bool:
         """Whether a periodic validation follows `step` (the closing one ends every run)."""
-        every = self.cfg.eval_every
+        every = self.cfg.eval.every
         return bool(every) and step % every == 0 and step != total
 
     def run(self, leave: bool = False) -> EvalResult:
@@ -55,7 +55,7 @@ class Validator:
         ev = self.run(leave)
         loss, bpb = round(ev.loss, 5), round(ev.bpb, 5)
         self.metrics.write(
-            step=step, val_loss=loss, val_bpb=bpb, eval_batches=self.cfg.eval_batches
+            step=step, val_loss=loss, val_bpb=bpb, eval_batches=self.cfg.eval.batches
         )
         if self.score_tasks is not None:
             scores = {

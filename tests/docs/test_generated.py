@@ -28,10 +28,20 @@ def test_the_config_reference_has_every_key_with_its_range():
 
     text = generate.gen_config.render()
     cfg = RunConfig()
+
+    def keys(section, prefix):  # every leaf key, a nested section's (train.optimizer.lr) too
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if dataclasses.is_dataclass(value):
+                assert f"`[{prefix}.{f.name}]`" in text
+                yield from keys(value, f"{prefix}.{f.name}")
+            else:
+                yield f"{prefix}.{f.name}"
+
     for section in ("model", "tokenizer", "data", "train"):
-        for f in dataclasses.fields(getattr(cfg, section)):
-            assert f"`{section}.{f.name}`" in text
-    assert "| `train.lr` | float | `0.003` | above 0 |" in text
+        for key in keys(getattr(cfg, section), section):
+            assert f"`{key}`" in text
+    assert "| `train.optimizer.lr` | float | `0.003` | above 0 |" in text
     assert "one of `adamw`, `muon`" in text
 
 

@@ -113,9 +113,10 @@ class Launcher:
 
     def single(self, out: Path, model_changes: dict | None = None, **overrides):
         from lmforge.model import ModelConfig
-        from lmforge.train import TrainConfig, train
+        from lmforge.train import train
+        from lmforge.train.config import train_config
 
-        cfg = TrainConfig(**{**TRAIN, **overrides})
+        cfg = train_config({**TRAIN, **overrides})
         return train(ModelConfig(**{**MODEL, **(model_changes or {})}), cfg, self.shard_dir, out)
 
 

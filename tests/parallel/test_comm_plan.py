@@ -20,7 +20,7 @@ WORLD, MICRO_BATCH, SEQ_LEN = 2, 2, 32
 
 
 class Case(NamedTuple):
-    parallel: str  # train.parallel
+    parallel: str  # train.parallel.layout
     precision: str
     layout: dict  # the planner's Layout
     sequence_parallel: bool = False

@@ -1,5 +1,5 @@
 """Four processes: FSDP × TP, DP × TP and DP × FSDP (HSDP) train like one process, FSDP × TP
-also with lmforge's AdamW (`train.fused_adamw=false`, against one process with the same
+also with lmforge's AdamW (`train.optimizer.fused_adamw=false`, against one process with the same
 optimizer; the 1-D layouts run both in test_strategies.py); a dead rank makes the survivors
 stop with a clear error instead of hanging.
 
@@ -9,7 +9,7 @@ Tolerance as for the other fp32 strategies: loss to 1e-4, weights as `Launcher.a
 import pytest
 
 LAYOUTS = {"fsdp_tp": "fsdp=2,tp=2", "dp_tp": "dp=2,tp=2", "hsdp": "dp=2,fsdp=2"}
-RUNS = {k: (v, True) for k, v in LAYOUTS.items()}  # (layout, train.fused_adamw)
+RUNS = {k: (v, True) for k, v in LAYOUTS.items()}  # (layout, train.optimizer.fused_adamw)
 RUNS["fsdp_tp_unfused"] = (LAYOUTS["fsdp_tp"], False)
 
 
@@ -41,4 +41,4 @@ def test_dead_rank_stops_the_others_with_a_clear_error(group):
     assert [returncodes[r] for r in (0, 2, 3)] == [0, 0, 0], outputs[0][-3000:]
     message = (root / "dead_rank" / "error.txt").read_text()
     assert message.startswith("rank 0: a collective failed")
-    assert "train.collective_timeout_s=20" in message
+    assert "train.parallel.collective_timeout_s=20" in message

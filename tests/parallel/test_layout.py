@@ -5,6 +5,7 @@ import pytest
 from lmforge.errors import LmforgeError
 from lmforge.parallel.layout import Layout, check_batch, check_model, parse_layout, resolve_layout
 from lmforge.train import TrainConfig
+from lmforge.train.config import ParallelConfig
 
 
 def test_parse_names_degrees():
@@ -30,7 +31,7 @@ def test_parse_rejects_malformed(text, message):
 
 def test_train_config_validates_the_format():
     with pytest.raises(LmforgeError, match="not of the form"):
-        TrainConfig(max_steps=1, parallel="tensor=2").validate()
+        TrainConfig(max_steps=1, parallel=ParallelConfig(layout="tensor=2")).validate()
 
 
 def test_rest_of_the_world_goes_to_dp():

@@ -1,11 +1,12 @@
 """Every parallel strategy trains like one process on the same global batch.
 
 One spawned group of 2 gloo processes runs all strategies in turn (start-up paid once); the
-reference runs train in this process. Each layout trains with `train.fused_adamw` on and off
-(PyTorch's fused AdamW, or lmforge's), against one process with the same optimizer. Tolerances: fp32
-strategies match the single-process loss to 1e-4 (metrics keep 5 decimals) and the final weights to
-rtol 1e-4 / atol 1e-5, but for at most 0.1 % of a tensor's elements, which Adam may move by up to
-2·lr per step (see `Launcher.assert_same_weights`); only the order of floating-point sums differs.
+reference runs train in this process. Each layout trains with `train.optimizer.fused_adamw` on and
+off (PyTorch's fused AdamW, or lmforge's), against one process with the same optimizer. Tolerances:
+fp32 strategies match the single-process loss to 1e-4 (metrics keep 5 decimals) and the final
+weights to rtol 1e-4 / atol 1e-5, but for at most 0.1 % of a tensor's elements, which Adam may move
+by up to 2·lr per step (see `Launcher.assert_same_weights`); only the order of floating-point sums
+differs.
 FSDP's bf16 policy (bf16 weights in the forward, where the reference autocasts fp32 weights) matches
 the loss to 2e-3; its weights differ from the reference as much as bf16 autocast's differ from fp32:
 mean |Δ| ≤ 2e-4 and max |Δ| ≤ 2e-2 per tensor.

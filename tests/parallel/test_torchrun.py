@@ -37,7 +37,7 @@ def test_train_under_torchrun(launcher, tmp_path):
         "--set",
         "train.log_every=1",
         "--set",
-        "train.eval_batches=1",
+        "train.eval.batches=1",
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", LMFORGE_PROGRESS="0")
@@ -50,7 +50,10 @@ def test_train_under_torchrun(launcher, tmp_path):
     assert steps[-1]["comm_bytes_per_step"] > 0
     final = list_checkpoints(out / "checkpoints")[-1]
     assert (final / "dcp" / ".metadata").is_file() and (final / "model.safetensors").is_file()
-    assert json.loads((final / "config.json").read_text())["run"]["train"]["parallel"] == "fsdp=2"
+    assert (
+        json.loads((final / "config.json").read_text())["run"]["train"]["parallel"]["layout"]
+        == "fsdp=2"
+    )
 
 
 def test_train_under_torchrun_without_data_prepares_on_rank_zero(corpus_dir, tmp_path):
@@ -62,7 +65,7 @@ def test_train_under_torchrun_without_data_prepares_on_rank_zero(corpus_dir, tmp
     command += ["--nproc-per-node", "2", "-m", "lmforge", "train", "--preset", "tiny"]
     command += ["--max-steps", "2", "--parallel", "fsdp=2", "--out", str(out)]
     command += ["--set", f"data.path={corpus_dir}", "--set", "data.workers=1"]
-    command += ["--set", "train.eval_batches=1", "--set", "train.eval_every=0"]
+    command += ["--set", "train.eval.batches=1", "--set", "train.eval.every=0"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", LMFORGE_PROGRESS="0", LMFORGE_CACHE=str(tmp_path / "cache"))
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
@@ -83,8 +86,8 @@ def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(launcher, t
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "lmforge", "train", "--preset", "tiny"]
     command += ["--data", str(launcher.shard_dir), "--max-steps", "1000", "--parallel", "dp=2"]
-    command += ["--out", str(out), "--set", "train.log_every=2", "--set", "train.eval_every=0"]
-    command += ["--set", "train.eval_batches=1", "--set", "train.collective_timeout_s=60"]
+    command += ["--out", str(out), "--set", "train.log_every=2", "--set", "train.eval.every=0"]
+    command += ["--set", "train.eval.batches=1", "--set", "train.parallel.collective_timeout_s=60"]
     ranks = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}

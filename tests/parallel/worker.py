@@ -24,7 +24,8 @@ def main(spec_path: str) -> None:
     from lmforge.errors import LmforgeError
     from lmforge.model import ModelConfig
     from lmforge.parallel.world import distributed, mean_over_data
-    from lmforge.train import TrainConfig, train
+    from lmforge.train import train
+    from lmforge.train.config import train_config
 
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ["RANK"])
@@ -32,13 +33,15 @@ def main(spec_path: str) -> None:
     timeout = spec["runs"][0]["train"].get("collective_timeout_s", 60)
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     for run in spec["runs"]:
-        cfg = TrainConfig(**run["train"])
+        cfg = train_config(run["train"])
         out = Path(run["out"])
         try:
             if run.get("die"):
                 import torch
 
-                with distributed(cfg.parallel, torch.device("cpu"), cfg.collective_timeout_s):
+                with distributed(
+                    cfg.parallel.layout, torch.device("cpu"), cfg.parallel.collective_timeout_s
+                ):
                     if rank == 1:
                         os._exit(3)
                     mean_over_data(torch.ones(()))  # the peer is gone: this must fail

@@ -178,7 +178,7 @@ def _sft_args(base, data, out, *extra):
         "--set",
         "train.log_every=5",
         "--set",
-        "train.eval_every=20",
+        "train.eval.every=20",
         *extra,
     ]
 
@@ -186,7 +186,7 @@ def _sft_args(base, data, out, *extra):
 def test_sft_learns_the_assistant_tokens(base_checkpoint, conversations_file, tmp_path, capsys):
     out = tmp_path / "run"
     args = _sft_args(base_checkpoint, conversations_file, out, "--max-steps", "60")
-    assert main([*args, "--set", "train.lr=3e-3"]) == 0
+    assert main([*args, "--set", "train.optimizer.lr=3e-3"]) == 0
     printed = capsys.readouterr().out
     assert "285 conversations" in printed and "15 held out" in printed  # 5% of 300 held out
     records = read_metrics(out / "metrics.jsonl")
@@ -225,7 +225,7 @@ def test_a_lora_run_writes_a_peft_adapter_that_loads_merged(
 
 def test_sft_resumes_exactly_after_sigkill(base_checkpoint, conversations_file, tmp_path):
     env = {**os.environ, "LMFORGE_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
-    extra = ("--max-steps", "60", "--set", "train.checkpoint_every=20")
+    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=20")
     killed, straight = tmp_path / "killed", tmp_path / "straight"
 
     def command(out):

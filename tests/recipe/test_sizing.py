@@ -23,7 +23,7 @@ from lmforge.recipe.sizing import (
     sized_model,
     sized_train,
 )
-from lmforge.train.config import TrainConfig
+from lmforge.train.config import OptimizerConfig, TrainConfig
 
 BASE = ModelConfig(vocab_size=4096, max_seq_len=256)
 TRAIN = TrainConfig(batch_size=16, seq_len=256, minutes=8.0)
@@ -194,7 +194,7 @@ def test_timing_runs_real_steps_and_the_thread_trial_leaves_its_choice_set(prepa
     from lmforge.recipe import timing
 
     model = ModelConfig(vocab_size=320, d_model=32, n_layers=1, n_heads=1, max_seq_len=32)
-    cfg = TrainConfig(batch_size=2, seq_len=32, max_steps=1, optimizer="muon")
+    cfg = TrainConfig(batch_size=2, seq_len=32, max_steps=1, optimizer=OptimizerConfig(name="muon"))
     before = torch.get_num_threads()
     try:
         assert timing.seconds_per_step(model, cfg, prepared.shard_dir, steps=2, threads=1) > 0

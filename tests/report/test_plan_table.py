@@ -27,8 +27,8 @@ def test_autocast_keeps_fp32_state():
 
 
 def test_a_precision_described_with_its_details_is_planned_by_its_name():
-    cast = apply_override(tiny(), "train.cast_module=true")
-    cast = apply_override(cast, "train.precision=bf16")
+    cast = apply_override(tiny(), "train.precision.cast_module=true")
+    cast = apply_override(cast, "train.precision.dtype=bf16")
     training = {**TRAINING, "precision": "bf16 (cast module, fp32 master weights)"}
     assert "| peak memory | " in "\n".join(plan_vs_measured(config_text(cast), training, []))
     fp8 = {**TRAINING, "precision": "fp8 (simulated, bf16 matmuls)"}

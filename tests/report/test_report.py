@@ -89,7 +89,7 @@ def test_final_and_periodic_evaluations_are_labelled_apart():
     )
     assert "The final evaluation read 64 batches (512 windows of 256 tokens, 130,000" in result
     assert "`final_val_loss` and `final_val_bpb` in metrics.jsonl" in result
-    assert "reads 16 batches (`train.eval_batches`)" in result
+    assert "reads 16 batches (`train.eval.batches`)" in result
 
 
 @pytest.mark.parametrize("val_bpb,warned", [(2.4, True), (2.5, True), (2.39, False)])

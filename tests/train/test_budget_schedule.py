@@ -10,6 +10,7 @@ from lmforge.budget_clock import BudgetClock
 from lmforge.model import ModelConfig
 from lmforge.train import TrainConfig, train
 from lmforge.train.budget import steps_in_budget
+from lmforge.train.config import CheckpointConfig, EvalConfig, OptimizerConfig, ScheduleConfig
 from lmforge.train.metrics import read_metrics
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
@@ -33,9 +34,12 @@ def _steady_clock() -> BudgetClock:
     return BudgetClock(SlowingClock(tick=0.05, slow_from=10**9, factor=1.0).perf_counter)
 
 
-def _cfg(**kw):
-    return TrainConfig(batch_size=2, seq_len=16, lr=1e-3, min_lr_ratio=0.0, eval_every=0,
-                       eval_batches=1, log_every=1, device="cpu", **kw)  # fmt: skip
+def _cfg(checkpoint_every=0, **kw):
+    return TrainConfig(
+        batch_size=2, seq_len=16, log_every=1, device="cpu", **kw,
+        optimizer=OptimizerConfig(lr=1e-3), schedule=ScheduleConfig(min_lr_ratio=0.0),
+        eval=EvalConfig(every=0, batches=1), checkpoint=CheckpointConfig(every=checkpoint_every),
+    )  # fmt: skip
 
 
 def test_a_run_slowed_on_its_plateau_still_decays_fully_within_its_budget(
@@ -89,10 +93,12 @@ def test_the_budget_counts_from_when_it_started(prepared, tmp_path):
 
 
 def test_the_step_count_leaves_time_for_the_closing_validation():
-    closing = TrainConfig(eval_every=0, eval_batches=4)
+    closing = TrainConfig(eval=EvalConfig(every=0, batches=4))
     assert steps_in_budget(closing, per_step=1.0, remaining_s=100, step=0, eval_s=10.0) == 90
     assert steps_in_budget(closing, per_step=1.0, remaining_s=5, step=7, eval_s=10.0) == 8
-    periodic = TrainConfig(eval_every=10, eval_batches=4)  # 1 s each, one per 10 steps and 1 more
+    periodic = TrainConfig(
+        eval=EvalConfig(every=10, batches=4)
+    )  # 1 s each, one per 10 steps and 1 more
     assert steps_in_budget(periodic, per_step=1.0, remaining_s=100.5, step=0, eval_s=1.0) == 90
-    estimated = TrainConfig(eval_every=0, eval_batches=30)  # a forward ≈ 1/3 step per batch
+    estimated = TrainConfig(eval=EvalConfig(every=0, batches=30))  # a forward ≈ 1/3 step per batch
     assert steps_in_budget(estimated, per_step=1.0, remaining_s=100, step=5) == 5 + 90

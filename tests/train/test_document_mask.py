@@ -1,4 +1,5 @@
-"""train.document_mask: packed documents attend only to themselves, from the loader to the CLI."""
+"""train.loader.document_mask: packed documents attend only to themselves, from the loader to
+the CLI."""
 
 import numpy as np
 import torch
@@ -62,9 +63,9 @@ def test_random_windows_carry_the_documents_of_their_tokens(prepared):
 def test_training_with_document_masking_from_the_cli(prepared, tmp_path):
     args = ["train", "--preset", "tiny", "--data", str(prepared.shard_dir), "--out",
             str(tmp_path), "--device", "cpu", "--threads", "1", "--max-steps", "4",
-            "--set", "train.eval_every=0", "--set", "train.log_every=2",
-            "--set", "train.batch_size=4", "--set", "train.eval_batches=1",
-            "--set", "train.document_mask=true"]  # fmt: skip
+            "--set", "train.eval.every=0", "--set", "train.log_every=2",
+            "--set", "train.batch_size=4", "--set", "train.eval.batches=1",
+            "--set", "train.loader.document_mask=true"]  # fmt: skip
     assert main(args) == 0
     logs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in logs] == [2, 4]

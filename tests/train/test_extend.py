@@ -8,6 +8,7 @@ from lmforge.budget_clock import BudgetClock
 from lmforge.cli import main
 from lmforge.model import ModelConfig
 from lmforge.train import TrainConfig, list_checkpoints, train
+from lmforge.train.config import EvalConfig, ScheduleConfig
 from lmforge.train.loop import _resumed_total
 from lmforge.train.metrics import read_metrics
 
@@ -20,9 +21,9 @@ def _logs(run):
 
 def test_train_with_more_steps_continues_a_finished_run(prepared, tmp_path, capsys):
     args = ["train", "--preset", "tiny", "--data", str(prepared.shard_dir), "--out",
-            str(tmp_path), "--device", "cpu", "--threads", "1", "--set", "train.eval_every=0",
-            "--set", "train.log_every=4", "--set", "train.warmup_steps=4",
-            "--set", "train.batch_size=4", "--set", "train.eval_batches=1"]  # fmt: skip
+            str(tmp_path), "--device", "cpu", "--threads", "1", "--set", "train.eval.every=0",
+            "--set", "train.log_every=4", "--set", "train.schedule.warmup_steps=4",
+            "--set", "train.batch_size=4", "--set", "train.eval.batches=1"]  # fmt: skip
     assert main([*args, "--max-steps", "8"]) == 0
     assert main([*args, "--max-steps", "16"]) == 0
     out = capsys.readouterr().out
@@ -40,8 +41,15 @@ def test_train_with_more_steps_continues_a_finished_run(prepared, tmp_path, caps
 
 def test_an_interrupted_extension_resumes_on_the_same_tail(prepared, tmp_path, monkeypatch):
     def cfg(steps):
-        return TrainConfig(batch_size=4, seq_len=32, warmup_steps=3, max_steps=steps,
-                           eval_every=0, eval_batches=2, log_every=1, device="cpu")  # fmt: skip
+        return TrainConfig(
+            batch_size=4,
+            seq_len=32,
+            max_steps=steps,
+            log_every=1,
+            device="cpu",
+            schedule=ScheduleConfig(warmup_steps=3),
+            eval=EvalConfig(every=0, batches=2),
+        )
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     for run in (straight, split):
@@ -67,8 +75,10 @@ def test_a_longer_budget_times_the_first_steps_again_and_adds_a_tail(
     prepared, tmp_path, monkeypatch
 ):
     def cfg(**kw):
-        return TrainConfig(batch_size=4, seq_len=32, warmup_steps=3, eval_every=0,
-                           eval_batches=1, log_every=1, device="cpu", **kw)  # fmt: skip
+        return TrainConfig(
+            batch_size=4, seq_len=32, log_every=1, device="cpu", **kw,
+            schedule=ScheduleConfig(warmup_steps=3), eval=EvalConfig(every=0, batches=1),
+        )  # fmt: skip
 
     train(MODEL, cfg(max_steps=8), prepared.shard_dir, tmp_path, threads=1)
 

@@ -1,4 +1,4 @@
-"""train.fused_loss: the head fused into the cross-entropy gives the plain path's loss and
+"""train.compute.fused_loss: the head fused into the cross-entropy gives the plain path's loss and
 gradients, with and without packed documents, and trains from the CLI."""
 
 import math
@@ -40,9 +40,9 @@ def test_fused_loss_equals_the_plain_loss_and_gradients(packed):
 def test_training_with_the_fused_loss_from_the_cli(prepared, tmp_path):
     args = ["train", "--preset", "tiny", "--data", str(prepared.shard_dir), "--out",
             str(tmp_path), "--device", "cpu", "--threads", "1", "--max-steps", "4",
-            "--set", "train.eval_every=0", "--set", "train.log_every=2",
-            "--set", "train.batch_size=4", "--set", "train.eval_batches=1",
-            "--set", "train.fused_loss=true"]  # fmt: skip
+            "--set", "train.eval.every=0", "--set", "train.log_every=2",
+            "--set", "train.batch_size=4", "--set", "train.eval.batches=1",
+            "--set", "train.compute.fused_loss=true"]  # fmt: skip
     assert main(args) == 0
     logs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in logs] == [2, 4]

@@ -1,4 +1,4 @@
-"""train.kernels: "triton" fails in one line where its kernels cannot run (a CPU) and loads
+"""train.compute.kernels: "triton" fails in one line where its kernels cannot run (a CPU) and loads
 none of them; under Triton's interpreter it gives the torch path's loss, gradients, state dict
 and cached decoding; "torch" changes nothing; the config refuses any other choice."""
 
@@ -14,7 +14,7 @@ from lmforge.model.cache import KVCache
 from lmforge.model.layers import RMSNorm, SwiGLU
 from lmforge.train import kernel_choice
 from lmforge.train.compose import Objective, compose
-from lmforge.train.config import TrainConfig
+from lmforge.train.config import ComputeConfig, TrainConfig
 from lmforge.train.precision import make_precision
 
 MODEL = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32)
@@ -68,7 +68,7 @@ def test_triton_on_a_cpu_is_one_line_and_loads_no_kernel(monkeypatch):
     with pytest.raises(LmforgeError) as error:
         _composed("triton")
     message = str(error.value)
-    assert "\n" not in message and message.startswith("train.kernels=triton cannot run")
+    assert "\n" not in message and message.startswith("train.compute.kernels=triton cannot run")
     if installed():
         assert "run on a GPU, not on cpu" in message
     assert loaded == []
@@ -78,10 +78,10 @@ def test_training_with_triton_on_a_cpu_fails_in_one_line(prepared, tmp_path, mon
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     args = ["train", "--preset", "tiny", "--data", str(prepared.shard_dir), "--out",
             str(tmp_path), "--device", "cpu", "--threads", "1", "--max-steps", "2",
-            "--set", "train.kernels=triton"]  # fmt: skip
+            "--set", "train.compute.kernels=triton"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "train.kernels=triton cannot run" in err
+    assert len(err.splitlines()) == 1 and "train.compute.kernels=triton cannot run" in err
 
 
 def test_torch_is_the_plain_model():
@@ -113,6 +113,8 @@ def test_triton_kernels_equal_the_torch_path(packed, fused_loss):
 
 
 def test_the_config_takes_torch_or_triton():
-    TrainConfig(max_steps=1, kernels="triton").validate()
-    with pytest.raises(LmforgeError, match=r"train.kernels is 'cuda': choose one of torch, triton"):
-        TrainConfig(max_steps=1, kernels="cuda").validate()
+    TrainConfig(max_steps=1, compute=ComputeConfig(kernels="triton")).validate()
+    with pytest.raises(
+        LmforgeError, match=r"train.compute.kernels is 'cuda': choose one of torch, triton"
+    ):
+        TrainConfig(max_steps=1, compute=ComputeConfig(kernels="cuda")).validate()

@@ -8,8 +8,9 @@ import lmforge.train.step as step_module
 from lmforge.budget_clock import BudgetClock
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
-from lmforge.train import TrainConfig, list_checkpoints, load_model_weights, train
+from lmforge.train import list_checkpoints, load_model_weights, train
 from lmforge.train.budget import CALIBRATION_STEPS
+from lmforge.train.config import train_config
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 
@@ -27,7 +28,7 @@ def _cfg(**kw):
         seed=3,
         device="cpu",
     )
-    return TrainConfig(**{**base, **kw})
+    return train_config({**base, **kw})
 
 
 def _metrics(run):

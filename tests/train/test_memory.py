@@ -51,9 +51,9 @@ def test_checkpointed_training_matches_and_reports_less_memory(prepared, tmp_pat
             cfg.train,
             max_steps=10,
             log_every=5,
-            eval_every=0,
             device="cpu",
-            activation_checkpointing=mode,
+            eval=dataclasses.replace(cfg.train.eval, every=0),
+            compute=dataclasses.replace(cfg.train.compute, activation_checkpointing=mode),
         )
         train(cfg.model, tcfg, prepared.shard_dir, tmp_path / mode)
         lines = (tmp_path / mode / "metrics.jsonl").read_text().splitlines()

@@ -10,6 +10,7 @@ from lmforge.model import ModelConfig, Transformer
 from lmforge.model.moe import moe_layers
 from lmforge.train import TrainConfig, train
 from lmforge.train.compose import compose
+from lmforge.train.config import EvalConfig
 from lmforge.train.guard import NonFiniteGuard
 from lmforge.train.metrics import read_metrics
 from lmforge.train.precision import make_precision
@@ -73,9 +74,13 @@ def test_routing_metrics_are_logged(prepared, tmp_path):
         experts_per_token=2, moe_aux_loss_coef=0.01, moe_bias_update_rate=0.001,
     )  # fmt: skip
     cfg = TrainConfig(
-        batch_size=4, seq_len=32, max_steps=4, log_every=2, eval_every=0, eval_batches=1,
+        batch_size=4,
+        seq_len=32,
+        max_steps=4,
+        log_every=2,
         device="cpu",
-    )  # fmt: skip
+        eval=EvalConfig(every=0, batches=1),
+    )
     train(model, cfg, prepared.shard_dir, tmp_path)
     logs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
     last = logs[-1]

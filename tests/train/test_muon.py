@@ -10,8 +10,9 @@ from safetensors.torch import load_file
 import lmforge.train.step as step_module
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
-from lmforge.train import TrainConfig, train
+from lmforge.train import train
 from lmforge.train.adamw import AdamW
+from lmforge.train.config import train_config
 from lmforge.train.metrics import read_metrics
 from lmforge.train.muon import Muon, newton_schulz
 from lmforge.train.optimizers import build_optimizer
@@ -33,7 +34,7 @@ def _cfg(**kw):
         device="cpu",
         optimizer="muon",
     )
-    return TrainConfig(**{**base, **kw})
+    return train_config({**base, **kw})
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (96, 32), (32, 80), (200, 48)])
@@ -206,23 +207,33 @@ def test_the_schedule_keeps_the_embedding_at_its_multiple_of_lr(prepared, tmp_pa
 
 def test_resuming_with_another_grouping_names_the_setting(prepared, tmp_path):
     train(MODEL, _cfg(max_steps=2), prepared.shard_dir, tmp_path)
-    with pytest.raises(LmforgeError, match="resume with the train.optimizer and train.embed_lr"):
+    with pytest.raises(
+        LmforgeError, match="resume with the train.optimizer.name and train.optimizer.embed_lr"
+    ):
         train(MODEL, _cfg(embed_lr=0.3), prepared.shard_dir, tmp_path)
 
 
 def test_muon_settings_are_checked_when_the_config_loads():
     from lmforge.config import load_config
 
-    assert load_config("tiny", None, ["train.optimizer=muon"]).train.optimizer == "muon"
-    assert load_config("tiny", None, []).train.optimizer == "adamw"  # the default stays
-    with pytest.raises(LmforgeError, match="train.optimizer is 'sgd': choose one of adamw, muon"):
+    assert load_config("tiny", None, ["train.optimizer.name=muon"]).train.optimizer.name == "muon"
+    assert load_config("tiny", None, []).train.optimizer.name == "adamw"  # the default stays
+    with pytest.raises(
+        LmforgeError, match="train.optimizer.name is 'sgd': choose one of adamw, muon"
+    ):
         _cfg(optimizer="sgd").validate()
-    with pytest.raises(LmforgeError, match="train.muon_lr is 0.0: it must be above 0"):
-        load_config("tiny", None, ["train.muon_lr=0"])
-    with pytest.raises(LmforgeError, match=r"train.muon_momentum is 1.0: it must be in \[0, 1\)"):
-        load_config("tiny", None, ["train.muon_momentum=1"])
-    with pytest.raises(LmforgeError, match="train.embed_lr is -1.0: it must be at least 0"):
-        load_config("tiny", None, ["train.embed_lr=-1"])
-    with pytest.raises(LmforgeError, match="set train.embed_lr=0 .* or untie them"):
-        load_config("tiny", None, ["train.embed_lr=0.1", "model.tie_embeddings=true"]).validate()
-    assert load_config("small", None, []).train.embed_lr == 0.1
+    with pytest.raises(LmforgeError, match="train.optimizer.muon_lr is 0.0: it must be above 0"):
+        load_config("tiny", None, ["train.optimizer.muon_lr=0"])
+    with pytest.raises(
+        LmforgeError, match=r"train.optimizer.muon_momentum is 1.0: it must be in \[0, 1\)"
+    ):
+        load_config("tiny", None, ["train.optimizer.muon_momentum=1"])
+    with pytest.raises(
+        LmforgeError, match="train.optimizer.embed_lr is -1.0: it must be at least 0"
+    ):
+        load_config("tiny", None, ["train.optimizer.embed_lr=-1"])
+    with pytest.raises(LmforgeError, match="set train.optimizer.embed_lr=0 .* or untie them"):
+        load_config(
+            "tiny", None, ["train.optimizer.embed_lr=0.1", "model.tie_embeddings=true"]
+        ).validate()
+    assert load_config("small", None, []).train.optimizer.embed_lr == 0.1

@@ -31,11 +31,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _run(prepared, out, steps, **train_kw):
+def _run(prepared, out, steps, **precision):
+    """A tiny run of `steps` with train.precision's `precision` (dtype, cast_module)."""
     cfg = preset("tiny")
     tcfg = dataclasses.replace(
-        cfg.train, max_steps=steps, eval_every=0, log_every=20, device="cpu", **train_kw
-    )
+        cfg.train, max_steps=steps, log_every=20, device="cpu",
+        eval=dataclasses.replace(cfg.train.eval, every=0),
+        precision=dataclasses.replace(cfg.train.precision, **precision),
+    )  # fmt: skip
     result = train(cfg.model, tcfg, prepared.shard_dir, out)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return result, [r for r in records if "loss" in r]
@@ -57,7 +60,7 @@ def fp32_loss(prepared, tmp_path_factory):
 )
 def test_precision_trains_like_fp32(prepared, tmp_path, fp32_loss, precision, cast_module):
     steps = STEPS[precision]
-    result, logs = _run(prepared, tmp_path, steps, precision=precision, cast_module=cast_module)
+    result, logs = _run(prepared, tmp_path, steps, dtype=precision, cast_module=cast_module)
     assert result.precision.startswith(precision)
     assert logs[-1]["loss"] < logs[0]["loss"] - 0.5  # it learned
     assert abs(result.final_eval.loss - fp32_loss[steps]) <= TOLERANCE[precision]
@@ -97,7 +100,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(prepared, tmp_path):
     original = precision_module.DynamicLossScaler
     precision_module.DynamicLossScaler = HugeScale
     try:
-        result, logs = _run(prepared, tmp_path, 20, precision="fp16")
+        result, logs = _run(prepared, tmp_path, 20, dtype="fp16")
     finally:
         precision_module.DynamicLossScaler = original
     assert result.skipped_steps > 0

@@ -6,6 +6,7 @@ import torch
 from lmforge.model import ModelConfig
 from lmforge.progress import bar_per_call
 from lmforge.train import TrainConfig, train
+from lmforge.train.config import EvalConfig
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 
@@ -14,8 +15,14 @@ def test_the_validation_after_training_shows_a_bar_of_its_batches(
     prepared, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setenv("LMFORGE_PROGRESS", "1")
-    cfg = TrainConfig(batch_size=4, seq_len=32, max_steps=2, eval_every=0, eval_batches=3,
-                      log_every=1, device="cpu")  # fmt: skip
+    cfg = TrainConfig(
+        batch_size=4,
+        seq_len=32,
+        max_steps=2,
+        log_every=1,
+        device="cpu",
+        eval=EvalConfig(every=0, batches=3),
+    )
     train(MODEL, cfg, prepared.shard_dir, tmp_path, threads=1)
     err = capsys.readouterr().err
     assert "validation: 100%" in err and "3/3" in err

@@ -13,7 +13,8 @@ import torch
 import lmforge.train.compose as compose_module
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
-from lmforge.train import TrainConfig, list_checkpoints, train
+from lmforge.train import list_checkpoints, train
+from lmforge.train.config import train_config
 from lmforge.train.metrics import read_metrics
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
@@ -32,7 +33,7 @@ def _cfg(**kw):
         seed=3,
         device="cpu",
     )
-    return TrainConfig(**{**base, **kw})
+    return train_config({**base, **kw})
 
 
 def _nan_loss_on(monkeypatch, bad_calls):
@@ -133,11 +134,11 @@ def _lmforge(shard_dir, out):
         "--max-steps",
         "200",
         "--set",
-        "train.checkpoint_every=50",
+        "train.checkpoint.every=50",
         "--set",
-        "train.eval_every=100",
+        "train.eval.every=100",
         "--set",
-        "train.loader=sequential",
+        "train.loader.kind=sequential",
     ]
 
 

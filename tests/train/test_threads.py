@@ -9,7 +9,8 @@ from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
 from lmforge.threads import ThreadTrial, apply_env_threads, halvings, requested_threads
-from lmforge.train import TrainConfig, train
+from lmforge.train import train
+from lmforge.train.config import train_config
 from lmforge.train.metrics import read_metrics
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
@@ -91,7 +92,7 @@ def test_bad_environment_is_a_one_line_error(monkeypatch, capsys):
 
 def _cfg(**kw):
     base = dict(batch_size=4, seq_len=32, max_steps=12, warmup_steps=3, eval_every=0)
-    return TrainConfig(**{**base, "eval_batches": 2, "log_every": 2, "device": "cpu", **kw})
+    return train_config({**base, "eval_batches": 2, "log_every": 2, "device": "cpu", **kw})
 
 
 def _fake_step_times(monkeypatch, ms_per_step) -> BudgetClock:
