@@ -1,29 +1,27 @@
-"""The inference engine: continuous batching of requests over a preallocated slot KV cache.
+"""The inference engine: continuous batching over a paged KV cache, on a thread of its own.
 
-Requests wait in a FIFO queue and are admitted into free batch slots between decode steps, as
-long as their prompt + max_tokens fits the KV-token budget. An admitted prompt is prefilled in
-one forward pass into its slot; then each decode step runs every slot at once (static shapes,
-optionally compiled), every slot at its own position, and samples one token per active request
-with that request's own settings and random generator. Finished and cancelled requests free
-their slot and budget at once. A background thread runs this loop; callers hold a
-RequestHandle to iterate its tokens (blocking or asyncio), cancel it or wait for its result.
+Callers `submit` requests and hold a RequestHandle (lmforge.infer.output) to iterate their tokens,
+cancel them or wait for their result. One background thread runs the engine's steps; in each, the
+scheduler (lmforge.infer.scheduler) picks what to compute under a token budget: the newest token
+of every decoding request, a chunk of a prompt being prefilled, new requests admitted by the free
+blocks of the KV pool (lmforge.infer.blocks), whose cached prefixes they reuse. The model runner
+(lmforge.infer.runner) computes it over the paged cache, the sampler (lmforge.infer.sampler) draws
+one token per row with each request's own settings and generator, and `deliver` turns the tokens
+into events. Finished and cancelled requests give their blocks back at once; a request the pool
+cannot hold any more is preempted and recomputed later, so none fails because others grew.
 
 Scoring jobs (`score`, `submit_score`: log-likelihoods of continuations, lmforge.infer.score)
 and weight loads (`load_weights`: an RL trainer's new weights, copied in place) queue beside
-the requests and run on the same thread between decode steps, since that thread alone runs the
-model; their result or error comes back through a concurrent Future. Requests admitted together
-with the same prompt (n samples of one prompt) share one prefill: the first one's KV slot is
-copied into the others'.
+the requests and run on the same thread between steps, since that thread alone runs the model;
+their result or error comes back through a concurrent Future.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,14 +30,31 @@ import torch
 
 from lmforge.device.capability import use_compile
 from lmforge.errors import LmforgeError
-from lmforge.infer.kv_cache import SlotKVCache
-from lmforge.infer.sampling import apply_penalties, check_sampling_args, filter_logits
+from lmforge.infer.blocks import BlockPool
+from lmforge.infer.output import (
+    Completion,
+    RequestHandle,
+    TokenEvent,
+    deliver,
+    finish,
+)
+from lmforge.infer.runner import ModelRunner
+from lmforge.infer.sampler import SamplingBatch, sample
+from lmforge.infer.sampling import check_sampling_args
+from lmforge.infer.scheduler import Scheduler
+from lmforge.infer.scheduler import Sequence as Tokens
 from lmforge.infer.score import TokenScores, score
+from lmforge.infer.speculative import DraftModelProposer, NgramProposer, accept
 from lmforge.infer.text import TextAssembler
 from lmforge.infer.weight_layouts import lay_out_for_decode
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
+
+__all__ = ["Completion", "Engine", "RequestHandle", "SamplingParams", "TokenEvent"]
+
+BLOCK_SIZE = 16  # token positions per KV block
+STEP_TOKENS = 512  # tokens a step computes at most: decodes first, then prefill chunks
 
 
 @dataclass
@@ -87,128 +102,30 @@ class SamplingParams:
         )
 
 
-@dataclass
-class TokenEvent:
-    token_id: int  # -1 on the event that reports an abort
-    text: str  # newly released UTF-8 text; "" while a character or a stop prefix is pending
-    logprob: float | None
-    finish_reason: str | None  # None until the last event: "stop" | "length" | "abort"
-    top: list[tuple[int, float]] | None = None  # top_logprobs (id, logprob), most likely first
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]
-    text: str
-    logprobs: list[float] | None
-    finish_reason: str
-    prompt_tokens: int
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-
-
-class RequestHandle:
-    """One submitted request: its events as they come, a way to cancel it, its result."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._events: list[TokenEvent] = []
-        self._done = threading.Condition()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self._completion: Completion | None = None
-        self._error: BaseException | None = None
-        self.cancelled = False
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        seen = 0
-        while True:
-            with self._done:
-                self._done.wait_for(lambda n=seen: len(self._events) > n or self._error)
-                event = self._next(seen)
-            seen += 1
-            yield event
-            if event.finish_reason is not None:
-                return
-
-    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
-        loop = asyncio.get_running_loop()
-        seen = 0
-        while True:
-            with self._done:
-                ready = len(self._events) > seen or self._error is not None
-                if not ready:
-                    wakeup = loop.create_future()
-                    self._waiters.append((loop, wakeup))
-            if not ready:
-                await wakeup
-                continue
-            event = self._next(seen)
-            seen += 1
-            yield event
-            if event.finish_reason is not None:
-                return
-
-    def cancel(self) -> None:
-        """Stop generating; the slot and its KV budget are freed before the next step."""
-        self._engine._cancel(self)
-
-    def result(self) -> Completion:
-        """The finished request (blocks until then)."""
-        for _ in self:
-            pass
-        assert self._completion is not None
-        return self._completion
-
-    def _next(self, seen: int) -> TokenEvent:
-        if seen < len(self._events):
-            return self._events[seen]
-        assert self._error is not None
-        raise self._error
-
-    def _push(self, event: TokenEvent, completion: Completion | None = None) -> None:
-        """Called by the scheduler thread: one more event, and the result with the last one."""
-        self._record(event, completion, None)
-
-    def _fail(self, error: BaseException) -> None:
-        self._record(None, None, error)
-
-    def _record(
-        self, event: TokenEvent | None, completion: Completion | None, error: BaseException | None
-    ) -> None:
-        with self._done:
-            if event is not None:
-                self._events.append(event)
-            self._completion = completion or self._completion
-            self._error = error or self._error
-            waiters, self._waiters = self._waiters, []
-            self._done.notify_all()
-        for loop, wakeup in waiters:
-            with contextlib.suppress(RuntimeError):  # that event loop has closed meanwhile
-                loop.call_soon_threadsafe(_wake, wakeup)
-
-
-def _wake(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
 @dataclass(eq=False)
 class _Request:
-    prompt: list[int]
+    """A submitted request: its tokens in the scheduler's hands, the rest for sampling and
+    delivering them."""
+
+    seq: Tokens
     params: SamplingParams
     handle: RequestHandle
     generator: torch.Generator
     stops: frozenset[int]
     text: TextAssembler
-    slot: int = -1
-    position: int = 0  # where the next fed token goes in the slot's cache
-    decoding: bool = False  # prefilled and not finished
-    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int
+    seen: torch.Tensor | None = None  # for penalties: tokens in the prompt and output
+    counts: torch.Tensor | None = None  # for penalties: how often each was generated
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
-    def kv_tokens(self) -> int:
-        return len(self.prompt) + self.params.max_tokens
+    def token_ids(self) -> list[int]:
+        return self.seq.tokens[self.prompt_tokens :]
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.seq.cached_tokens or 0
 
     def uniform(self) -> torch.Tensor:
         """The next number in [0, 1) of this request's own random stream, shape (1,)."""
@@ -233,63 +150,14 @@ class _Job:
             self.future.set_exception(error)
 
 
-@dataclass
-class _Batch:
-    """The sampling settings of some requests, stacked as (n, 1) columns; None: no row uses it."""
-
-    requests: list[_Request]
-    rows: torch.Tensor  # their slots
-    temperature: torch.Tensor  # 1 where greedy, to divide safely
-    sampled: list[int]  # rows that sample (temperature > 0); the others take the argmax
-    sampled_rows: torch.Tensor  # the same, as an index tensor
-    top_k: torch.Tensor | None
-    top_p: torch.Tensor | None
-    min_p: torch.Tensor | None
-    penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-    logprobs: bool
-    top_n: int  # the most top_logprobs any row asks for
-
-    @classmethod
-    def of(cls, requests: list[_Request], vocab_size: int, device: torch.device) -> _Batch:
-        params = [r.params for r in requests]
-
-        def column(values: list[Any], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)[:, None]
-
-        def optional(values: list[Any], off: Any, dtype=torch.float32) -> torch.Tensor | None:
-            sampled = [v for v, p in zip(values, params, strict=True) if p.temperature > 0]
-            if all(v is None or v == off for v in sampled):
-                return None
-            return column([off if v is None else v for v in values], dtype)
-
-        penalties = None
-        if any(p.penalised for p in params):
-            penalties = (
-                column([p.repetition_penalty for p in params]),
-                column([p.frequency_penalty for p in params]),
-                column([p.presence_penalty for p in params]),
-            )
-        sampled = [i for i, p in enumerate(params) if p.temperature > 0]
-        return cls(
-            requests=requests,
-            rows=torch.tensor([r.slot for r in requests], dtype=torch.long, device=device),
-            temperature=column([p.temperature or 1.0 for p in params]),
-            sampled=sampled,
-            sampled_rows=torch.tensor(sampled, dtype=torch.long, device=device),
-            top_k=optional([p.top_k for p in params], vocab_size, torch.long),
-            top_p=optional([p.top_p for p in params], 1.0),
-            min_p=optional([p.min_p for p in params], 0.0),
-            penalties=penalties,
-            logprobs=any(p.logprobs for p in params),
-            top_n=max(p.top_logprobs if p.logprobs else 0 for p in params),
-        )
-
-
 class Engine:
-    """Continuous batching over `max_batch_size` slots of a preallocated KV cache.
+    """Continuous batching of up to `max_batch_size` requests over a paged KV cache.
 
-    The cache holds max_batch_size × max_context positions; `max_kv_tokens` caps how many of
-    them admitted requests may reserve together (prompt + max_tokens each).
+    The cache holds `max_kv_tokens` positions (default max_batch_size × the model's context) in
+    blocks of `block_size`; a request holds the blocks its tokens fill, not its longest possible
+    length. A step computes at most `max_step_tokens` tokens, so a long prompt is prefilled in
+    chunks between decode steps. With `prefix_caching`, full blocks are kept by the hash of their
+    tokens and reused by any later request that begins with the same tokens.
 
     `relayout_weights` re-lays the model's Linear weights, in place, for the CPU kernel that
     decodes `max_batch_size` rows fastest, compiled or not (see lmforge.infer.weight_layouts):
@@ -307,9 +175,19 @@ class Engine:
         compile: bool = False,
         device: torch.device | str | None = None,
         relayout_weights: bool = False,
+        block_size: int = BLOCK_SIZE,
+        max_step_tokens: int = STEP_TOKENS,
+        prefix_caching: bool = True,
+        speculative: str | Transformer | None = None,
+        speculative_tokens: int = 4,
     ) -> None:
         if max_batch_size < 1:
             raise LmforgeError(f"max_batch_size={max_batch_size} is invalid: use 1 or more")
+        if max_step_tokens < max_batch_size:
+            raise LmforgeError(
+                f"max_step_tokens={max_step_tokens} is fewer than max_batch_size="
+                f"{max_batch_size}: a step must hold one token of every running request"
+            )
         if device is not None:
             model.to(device)
         compile = use_compile(compile, model.tok_embeddings.weight.device)
@@ -319,47 +197,88 @@ class Engine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        capacity = max_batch_size * self.max_context
-        self.max_kv_tokens = capacity if max_kv_tokens is None else max_kv_tokens
-        if self.max_kv_tokens < 1:
-            raise LmforgeError(f"max_kv_tokens={max_kv_tokens} is invalid: use 1 or more")
+        kv_tokens = max_batch_size * self.max_context if max_kv_tokens is None else max_kv_tokens
+        if kv_tokens < block_size:
+            raise LmforgeError(
+                f"max_kv_tokens={max_kv_tokens} holds no block of {block_size} positions: use "
+                f"{block_size} or more"
+            )
+        pool = BlockPool(kv_tokens // block_size + 1, block_size)  # + the null block
         self.device = model.tok_embeddings.weight.device
         self.vocab_size = model.config.vocab_size
+        self.speculative_tokens = speculative_tokens if speculative is not None else 0
+        self.proposer = self._proposer(speculative, pool)
+        self.drafted_tokens = self.accepted_tokens = 0  # for the drafts' acceptance rate
+        self.scheduler = Scheduler(
+            pool, max_batch_size, max_step_tokens, prefix_caching, self.speculative_tokens
+        )
+        self.runner = ModelRunner(model, pool.n_blocks, block_size, max_batch_size, compile)
         self._specials = frozenset(getattr(tokenizer, "special_tokens", {}).values())
-        self.cache = SlotKVCache(model, max_batch_size)
+        self._requests: dict[Tokens, _Request] = {}  # by sequence: those not yet finished
+        self._batch: SamplingBatch | None = None  # the last step's, reused while it fits
 
-        n, v, dev = max_batch_size, self.vocab_size, self.device
-        self._tokens = torch.zeros(n, 1, dtype=torch.long, device=dev)  # each slot's next input
-        self._token_rows = [self._tokens[:rows] for rows in range(n + 1)]
-        self._active = torch.zeros(n, dtype=torch.long, device=dev)  # 1 where a slot decodes
-        self._seen = torch.zeros(n, v, dtype=torch.bool, device=dev)  # for repetition penalty
-        self._counts = torch.zeros(n, v, device=dev)  # generated tokens, for OpenAI penalties
-        self._slots: list[_Request | None] = [None] * n
-        self._batch: _Batch | None = None  # the decoding requests' settings, in slot order
-        self._step = self._compiled() if compile else self._forward
-
-        self._queue: deque[_Request] = deque()
+        self._incoming: deque[_Request] = deque()
         self._jobs: list[_Job] = []
         self._cancelled: list[RequestHandle] = []
-        self._reserved = 0
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._seeds = random.Random()
+
+    def _proposer(
+        self, speculative: str | Transformer | None, pool: BlockPool
+    ) -> NgramProposer | DraftModelProposer | None:
+        if speculative is None:
+            return None
+        if self.speculative_tokens < 1:
+            raise LmforgeError(
+                f"speculative_tokens={self.speculative_tokens} is invalid: draft 1 or more"
+            )
+        if speculative == "ngram":
+            return NgramProposer(self.speculative_tokens)
+        if isinstance(speculative, str):
+            raise LmforgeError(
+                f"speculative={speculative!r} is unknown: use 'ngram' or a draft model"
+            )
+        if speculative.config.vocab_size != self.vocab_size:
+            raise LmforgeError(
+                f"the draft model's vocabulary of {speculative.config.vocab_size} tokens is not "
+                f"the model's {self.vocab_size}: draft with a model of the same tokenizer"
+            )
+        speculative.to(self.device)
+        return DraftModelProposer(
+            speculative, pool.n_blocks, pool.block_size, self.speculative_tokens
+        )
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The share of drafted tokens the model kept so far."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def max_context(self) -> int:
         return self.model.config.max_seq_len
 
     @property
+    def max_kv_tokens(self) -> int:
+        """Positions the KV pool holds for requests."""
+        return self.scheduler.pool.capacity * self.scheduler.pool.block_size
+
+    @property
     def busy_slots(self) -> int:
-        """Batch slots held by admitted requests (prefilled or decoding)."""
-        return sum(r is not None for r in self._slots)
+        """Requests admitted and not finished (prefilling or decoding)."""
+        return len(self.scheduler.running)
 
     @property
     def reserved_kv_tokens(self) -> int:
-        """KV positions promised to admitted requests (prompt + max_tokens each)."""
-        return self._reserved
+        """KV positions in blocks that requests hold (cached blocks no one holds are free)."""
+        return self.scheduler.pool.n_held * self.scheduler.pool.block_size
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """The share of looked-up prompt tokens found in the prefix cache so far."""
+        pool = self.scheduler.pool
+        return pool.hit_tokens / pool.queried_tokens if pool.queried_tokens else 0.0
 
     # ---- the public, thread-safe side -----------------------------------------------------
 
@@ -367,17 +286,22 @@ class Engine:
         """Queue a request; its tokens arrive through the returned handle."""
         params.validate(self.max_context)
         self._check_prompt(prompt_ids, params)
-        handle = RequestHandle(self)
+        handle = RequestHandle(self._cancel)
         seed = self._seeds.getrandbits(63) if params.seed is None else params.seed
         request = _Request(
-            prompt=list(prompt_ids),
+            seq=Tokens(list(prompt_ids), max_len=len(prompt_ids) + params.max_tokens),
             params=params,
             handle=handle,
             generator=torch.Generator(self.device).manual_seed(seed),
             stops=frozenset(params.stop_ids) | self._specials,
             text=TextAssembler(params.stop),
+            prompt_tokens=len(prompt_ids),
         )
-        self._enqueue(lambda: self._queue.append(request))
+        if params.penalised:
+            request.seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            request.seen[torch.tensor(prompt_ids, device=self.device)] = True
+            request.counts = torch.zeros(self.vocab_size, device=self.device)
+        self._enqueue(lambda: self._incoming.append(request))
         return handle
 
     def submit_score(
@@ -440,13 +364,14 @@ class Engine:
             )
 
         def copy(model: Transformer) -> None:
-            if self._queue or self.busy_slots:
+            if self._incoming or self.scheduler.has_work():
                 raise LmforgeError(
                     "the engine is serving requests: wait for their results before loading "
                     "new weights"
                 )
             for name, tensor in ours.items():
                 tensor.copy_(theirs[name])
+            self.scheduler.pool.clear_cache()
 
         job = _Job(copy, Future())
         self._enqueue(lambda: self._jobs.append(job))
@@ -498,7 +423,9 @@ class Engine:
                 f"prompt of {len(prompt_ids)} tokens + max_tokens={params.max_tokens} exceed the "
                 f"model's context of {self.max_context} tokens: shorten one of them"
             )
-        if len(prompt_ids) + params.max_tokens > self.max_kv_tokens:
+        if self.scheduler.blocks_for(len(prompt_ids) + params.max_tokens) > (
+            self.scheduler.pool.capacity
+        ):
             raise LmforgeError(
                 f"prompt of {len(prompt_ids)} tokens + max_tokens={params.max_tokens} exceed "
                 f"max_kv_tokens={self.max_kv_tokens}: raise the cap or shorten the request"
@@ -510,7 +437,7 @@ class Engine:
             self._cancelled.append(handle)
             self._wake.notify()
 
-    # ---- the scheduler thread --------------------------------------------------------------
+    # ---- the engine's thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         with torch.inference_mode():
@@ -519,230 +446,151 @@ class Engine:
                     self._wake.wait_for(
                         lambda: (
                             self._closed
-                            or self._queue
+                            or self._incoming
                             or self._cancelled
-                            or self._batch
                             or self._jobs
+                            or self.scheduler.has_work()
                         )
                     )
                     if self._closed:
                         break
+                    incoming, self._incoming = self._incoming, deque()
                     cancelled, self._cancelled = self._cancelled, []
                     jobs, self._jobs = self._jobs, []
-                    self._drop_queued(cancelled)
-                    admitted = self._admit()
+                for request in incoming:
+                    self._requests[request.seq] = request
+                    self.scheduler.add(request.seq)
+                self._abort([r for r in self._requests.values() if r.handle in cancelled])
                 try:
-                    self._retire([r for r in self._slots if r and r.handle in cancelled], "abort")
-                    if admitted:
-                        self._prefill(admitted)
-                    if self._batch is not None:
-                        self._decode()
+                    if self.scheduler.has_work():
+                        self._step()
                 except Exception as error:  # the requests in flight fail; the engine goes on
                     self._fail_running(error)
                 for job in jobs:
                     job.run(self.model)
         with self._wake:
-            queued, self._queue = list(self._queue), deque()
+            self._requests.update((r.seq, r) for r in self._incoming)
             jobs, self._jobs = self._jobs, []
-        self._retire([r for r in self._slots if r is not None], "abort")
-        for request in queued:
-            self._finish(request, "abort")
+        self._abort(list(self._requests.values()))
         for job in jobs:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(LmforgeError("the engine closed before running this"))
 
-    def _drop_queued(self, cancelled: list[RequestHandle]) -> None:
-        for request in [r for r in self._queue if r.handle in cancelled]:
-            self._queue.remove(request)
-            self._finish(request, "abort")
+    def _step(self) -> None:
+        """One scheduler step: its prefill chunks and decodes, then the new tokens of each
+        request whose tokens are all computed."""
+        step = self.scheduler.schedule()
+        ready: list[_Request] = []
+        rows: list[torch.Tensor] = []
+        prefilled: dict[Tokens, torch.Tensor] = {}
+        for chunk in step.chunks:
+            seq = chunk.seq
+            if chunk.source is None:
+                logits = prefilled[seq] = self.runner.prefill(seq, chunk.start, chunk.end)
+                if self.proposer is not None:
+                    self.proposer.prefill(seq, chunk.start, chunk.end)
+            else:  # a fork: the source's keys and values, its partial last block copied
+                logits = prefilled[chunk.source]
+                if len(seq.tokens) % self.scheduler.pool.block_size:
+                    for cache in (self.runner.cache, self.proposer):
+                        if cache is not None:
+                            cache.copy_block(chunk.source.blocks[-1], seq.blocks[-1])
+            self.scheduler.computed(seq, chunk.end - chunk.start)
+            if chunk.completes:
+                ready.append(self._requests[seq])
+                rows.append(logits)
+        k = self._draft_length(step.decodes)
+        if step.decodes and not k:
+            rows.append(self.runner.decode(step.decodes))
+            for seq in step.decodes:
+                self.scheduler.computed(seq, 1)
+            ready += [self._requests[seq] for seq in step.decodes]
+        if ready:
+            tokens, logprobs = sample(torch.cat(rows), self._sampling(ready))
+            logprobs = None if logprobs is None else logprobs[:, None]
+            self._emit(ready, [[t] for t in tokens.tolist()], tokens[:, None], logprobs)
+        if step.decodes and k:
+            self._speculate(step.decodes, k)
 
-    def _admit(self) -> list[_Request]:
-        """Pop queued requests, in order, while a slot is free and the KV budget allows."""
-        admitted = []
-        free = [i for i, r in enumerate(self._slots) if r is None]
-        while (
-            self._queue
-            and free
-            and self._reserved + self._queue[0].kv_tokens <= (self.max_kv_tokens)
-        ):
-            request = self._queue.popleft()
-            request.slot = free.pop(0)
-            self._slots[request.slot] = request
-            self._reserved += request.kv_tokens
-            admitted.append(request)
-        return admitted
+    def _sampling(self, requests: list[_Request]) -> SamplingBatch:
+        """The requests' settings stacked; the last step's while the requests are the same."""
+        if self._batch is None or self._batch.requests != requests:
+            self._batch = SamplingBatch.of(requests, self.vocab_size, self.device)
+        return self._batch
 
-    def _prefill(self, requests: list[_Request]) -> None:
-        """Each admitted prompt in one forward into its request's slot, then its first token.
-        A prompt equal to one prefilled just before it (GRPO's G samples of one prompt, `n`
-        completions) copies that slot's keys and values and logits instead of recomputing them."""
-        done: dict[tuple[int, ...], tuple[int, torch.Tensor]] = {}
-        finished = []
-        for request in requests:
-            key = tuple(request.prompt)
-            if key in done:
-                source, logits = done[key]
-                self.cache.copy_slot(source, request.slot, len(request.prompt))
-            else:
-                ids = torch.tensor([request.prompt], dtype=torch.long, device=self.device)
-                logits = self.model(ids, self.cache.slot(request.slot), last_only=True)[:, -1]
-                done[key] = (request.slot, logits)
-            finished += self._first_token(request, logits)
-        self._rebatch()
-        self._retire(finished)
+    def _draft_length(self, decodes: list[Tokens]) -> int:
+        """How many tokens to draft for these decoding sequences: 0 to decode plainly (no
+        proposer, a penalised request, or a request one token from its end)."""
+        if self.proposer is None or not decodes:
+            return 0
+        if any(self._requests[seq].params.penalised for seq in decodes):
+            return 0
+        room = min(seq.max_len - len(seq.tokens) for seq in decodes)
+        return max(0, min(self.speculative_tokens, room - 1))
 
-    def _first_token(self, request: _Request, logits: torch.Tensor) -> list[_Request]:
-        """Sample a prefilled request's first token; [request] when that already finishes it."""
-        slot = request.slot
-        if request.params.penalised:
-            self._seen[slot] = False
-            self._seen[slot, torch.tensor(request.prompt, device=self.device)] = True
-            self._counts[slot] = 0
-        request.position = len(request.prompt)
-        batch = _Batch.of([request], self.vocab_size, self.device)
-        tokens = self._sample(logits, batch)
-        self._tokens[slot, 0] = tokens[0]
-        finished = self._deliver(batch, tokens)
-        if not finished:
-            request.decoding = True
-            self._active[slot] = 1
-        return finished
+    def _speculate(self, decodes: list[Tokens], k: int) -> None:
+        """Draft k tokens for each sequence, verify them in one forward, keep what `accept`
+        keeps."""
+        drafts = [
+            (row + [seq.tokens[-1]] * k)[:k]  # a short draft is padded; padding is checked too
+            for seq, row in zip(decodes, self.proposer.propose(decodes, k), strict=True)
+        ]
+        logits = self.runner.verify(decodes, drafts)
+        requests = [self._requests[seq] for seq in decodes]
+        batch = self._sampling(requests)
+        kept, chosen = accept(logits, torch.tensor(drafts, device=self.device), batch)
+        logprobs = logits.float().log_softmax(dim=-1) if batch.logprobs else None
+        self.drafted_tokens += k * len(decodes)
+        self.accepted_tokens += sum(len(tokens) - 1 for tokens in kept)
+        finished = self._emit(requests, kept, chosen, logprobs)
+        for seq, tokens, request in zip(decodes, kept, requests, strict=True):
+            if request not in finished:
+                self.scheduler.computed(seq, len(tokens))
 
-    def _compiled(self) -> Any:
-        """The decode step compiled once per row count (1, 2, 4, ... slots); the number of keys
-        attended is symbolic (SlotKVCache.use), so a growing context does not recompile."""
-        shapes = self.max_batch_size.bit_length() + 1
-        # isolate_recompiles: this engine's variants count against its own limit, not those of
-        # every engine's step (one code object).
-        return torch.compile(
-            self._forward, dynamic=False, recompile_limit=shapes, isolate_recompiles=True
-        )
-
-    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One decode step of the cache's first rows: logits (rows, vocab) of their next tokens."""
-        return self.model(tokens, self.cache)[:, -1]
-
-    def _decode(self) -> None:
-        batch = self._batch
-        assert batch is not None
-        kv_len = max(r.position for r in batch.requests) + 1
-        last_slot = max(r.slot for r in batch.requests)
-        n_rows = min(self.max_batch_size, 1 << last_slot.bit_length())  # 1, 2, 4, 8, ...
-        self.cache.use(n_rows, kv_len)
-        logits = self._step(self._token_rows[n_rows])
-        if len(batch.requests) < n_rows:
-            logits = logits[batch.rows]
-        tokens = self._sample(logits, batch)
-        self.cache.positions.add_(self._active)
-        self._tokens[batch.rows, 0] = tokens
-        for request in batch.requests:
-            request.position += 1
-        self._retire(self._deliver(batch, tokens))
-
-    def _sample(self, logits: torch.Tensor, batch: _Batch) -> torch.Tensor:
-        """One token per row of logits (n, vocab), each with its own request's settings."""
-        logits = logits.float()
-        if batch.logprobs:
-            self._logprobs = logits.log_softmax(dim=-1)
-        if batch.penalties is not None:
-            rows = batch.rows
-            logits = apply_penalties(logits, self._seen[rows], self._counts[rows], *batch.penalties)
-        tokens = logits.argmax(dim=-1)
-        if batch.sampled:
-            scaled = filter_logits(
-                logits / batch.temperature, batch.top_k, batch.top_p, batch.min_p
+    def _emit(
+        self,
+        requests: list[_Request],
+        kept: list[list[int]],
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor | None,
+    ) -> list[_Request]:
+        """Append and deliver each request's new tokens (kept[i]; tokens (n, width) and
+        logprobs (n, width, vocab) by position), one position at a time; release and return
+        those that finish."""
+        finished: list[_Request] = []
+        batch = self._sampling(requests)
+        for j in range(max(len(row) for row in kept)):
+            live = [i for i, r in enumerate(requests) if len(kept[i]) > j and r not in finished]
+            if not live:
+                break
+            for i in live:
+                requests[i].seq.tokens.append(kept[i][j])
+            index = torch.tensor(live, device=self.device)
+            done = deliver(
+                [requests[i] for i in live],
+                tokens[index, j],
+                None if logprobs is None else logprobs[index, j],
+                batch.top_n,
+                self.tokenizer.token_bytes,
             )
-            rows = batch.sampled_rows
-            # Inverse-CDF sampling: one uniform from each request's own generator (drawing a
-            # whole row of noise, or multinomial, per request costs ~100x more on a CPU).
-            u = torch.cat([batch.requests[i].uniform() for i in batch.sampled])
-            cdf = scaled[rows].softmax(dim=-1).cumsum(dim=-1)
-            picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-            tokens[rows] = picked.clamp(max=cdf.shape[-1] - 1)
-        if batch.penalties is not None:
-            self._seen[batch.rows, tokens] = True
-            self._counts[batch.rows, tokens] += 1
-        return tokens
-
-    def _deliver(self, batch: _Batch, tokens: torch.Tensor) -> list[_Request]:
-        """Hand each request its token; return those that are now finished."""
-        ids = tokens.tolist()
-        logprobs = top_ids = top_values = None
-        if batch.logprobs:
-            logprobs = self._logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
-        if batch.top_n:
-            values, top = self._logprobs.topk(batch.top_n, dim=-1)
-            top_ids, top_values = top.tolist(), values.tolist()
-        finished = []
-        for i, (request, token) in enumerate(zip(batch.requests, ids, strict=True)):
-            request.token_ids.append(token)
-            logprob = alternatives = None
-            if request.params.logprobs:
-                logprob = logprobs[i]
-                request.logprobs.append(logprob)
-                if n := request.params.top_logprobs:
-                    alternatives = list(zip(top_ids[i][:n], top_values[i][:n], strict=True))
-                    request.top.append(alternatives)
-            reason = None
-            if token in request.stops:
-                reason, text = "stop", ""
-            else:
-                text = request.text.push(self.tokenizer.token_bytes(token))
-                if request.text.stopped:
-                    reason = "stop"
-                elif len(request.token_ids) == request.params.max_tokens:
-                    reason = "length"
-            if reason is None:
-                request.handle._push(TokenEvent(token, text, logprob, None, alternatives))
-            else:
-                text += request.text.flush()
-                request.handle._push(
-                    TokenEvent(token, text, logprob, reason, alternatives),
-                    self._completion(request, reason),
-                )
-                finished.append(request)
+            for request in done:
+                self._release(request)
+            finished += done
         return finished
 
-    def _retire(self, requests: list[_Request], reason: str | None = None) -> None:
-        """Free the slots and KV budget of finished requests; `reason` first finishes them."""
-        if not requests:
-            return
+    def _release(self, request: _Request) -> None:
+        self.scheduler.finish(request.seq)
+        del self._requests[request.seq]
+        if self.proposer is not None:
+            self.proposer.forget(request.seq)
+
+    def _abort(self, requests: list[_Request]) -> None:
         for request in requests:
-            if reason is not None:
-                self._finish(request, reason)
-            self._slots[request.slot] = None
-            request.decoding = False
-            self._active[request.slot] = 0
-            self.cache.positions[request.slot] = 0
-        with self._wake:
-            self._reserved -= sum(r.kv_tokens for r in requests)
-        self._rebatch()
-
-    def _rebatch(self) -> None:
-        decoding = [r for r in self._slots if r is not None and r.decoding]
-        self._batch = _Batch.of(decoding, self.vocab_size, self.device) if decoding else None
-        for r in decoding:
-            self.cache.positions[r.slot] = r.position
-
-    def _finish(self, request: _Request, reason: str) -> None:
-        text = request.text.flush()
-        completion = self._completion(request, reason)
-        request.handle._push(TokenEvent(-1, text, None, reason), completion)
-
-    def _completion(self, request: _Request, reason: str) -> Completion:
-        return Completion(
-            token_ids=list(request.token_ids),
-            text=request.text.text,
-            logprobs=list(request.logprobs) if request.params.logprobs else None,
-            finish_reason=reason,
-            prompt_tokens=len(request.prompt),
-            top_logprobs=list(request.top)
-            if request.params.logprobs and request.params.top_logprobs
-            else None,
-        )
+            self._release(request)
+            finish(request, "abort")
 
     def _fail_running(self, error: Exception) -> None:
-        running = [r for r in self._slots if r is not None]
-        for request in running:
+        for seq in list(self.scheduler.running):
+            request = self._requests[seq]
+            self._release(request)
             request.handle._fail(error)
-        self._retire(running)

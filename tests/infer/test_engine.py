@@ -12,7 +12,7 @@ from lmforge.device.capability import detect
 from lmforge.errors import LmforgeError
 from lmforge.infer import generate
 from lmforge.infer.engine import Engine, SamplingParams
-from lmforge.infer.kv_cache import SlotKVCache
+from lmforge.infer.kv_cache import PagedKVCache
 from lmforge.infer.sampling import apply_penalties
 from lmforge.infer.score import score
 from lmforge.infer.weight_layouts import PackedLinear, StreamedLinear
@@ -59,22 +59,29 @@ def one_at_a_time(model, prompts, params):
 
 
 @torch.no_grad()
-def test_prefill_then_batched_decode_equals_a_full_forward(model):
-    cache = SlotKVCache(model, 4)
-    seqs = [torch.randint(0, 257, (n,)).tolist() for n in (5, 11, 8)]
-    for slot, (seq, n) in enumerate(zip(seqs, [3, 9, 1], strict=True)):
-        logits = model(torch.tensor([seq[:n]]), cache.slot(slot), last_only=True)
-        full = model(torch.tensor([seq[:n]]))[:, -1]
-        torch.testing.assert_close(logits[:, -1], full, atol=1e-5, rtol=1e-5)
-        cache.positions[slot] = n
-    for _ in range(2):  # the first 3 slots one token further, each at its own position
-        cache.use(3, int(cache.positions.max()) + 1)
-        tokens = torch.tensor([[seq[int(p)]] for seq, p in zip(seqs, cache.pos, strict=True)])
+def test_chunked_prefill_then_batched_decode_over_scattered_blocks_equals_a_full_forward(model):
+    cache = PagedKVCache(model, n_blocks=12, block_size=4)
+    seqs = [torch.randint(0, 257, (n,)).tolist() for n in (7, 13, 9)]
+    tables = [[5, 2, 9, 0], [1, 11, 3, 8], [4, 10, 7, 6]]  # blocks in no order, 0 among them
+    lengths = [3, 11, 1]
+    for seq, table, n in zip(seqs, tables, lengths, strict=True):
+        for start, end in ((0, n // 2), (n // 2, n)):  # a prompt in two chunks
+            if start == end:
+                continue
+            cache.bind(torch.tensor([table]), start, end - start)
+            logits = model(torch.tensor([seq[start:end]]), cache, last_only=True)[:, -1]
+        torch.testing.assert_close(
+            logits, model(torch.tensor([seq[:n]]))[:, -1], atol=1e-5, rtol=1e-5
+        )
+    positions = torch.tensor(lengths)
+    for _ in range(2):  # every row one token further, each at its own position
+        cache.bind(torch.tensor(tables), positions, 1)
+        tokens = torch.tensor([[seq[int(p)]] for seq, p in zip(seqs, positions, strict=True)])
         logits = model(tokens, cache)[:, -1]
-        for slot, seq in enumerate(seqs):
-            full = model(torch.tensor([seq[: int(cache.positions[slot]) + 1]]))[:, -1]
-            torch.testing.assert_close(logits[slot : slot + 1], full, atol=1e-5, rtol=1e-5)
-        cache.positions[:3] += 1
+        positions += 1
+        for row, seq in enumerate(seqs):
+            full = model(torch.tensor([seq[: int(positions[row])]]))[:, -1]
+            torch.testing.assert_close(logits[row : row + 1], full, atol=1e-5, rtol=1e-5)
 
 
 def test_greedy_equals_the_reference_generate(model):
@@ -87,28 +94,52 @@ def test_greedy_equals_the_reference_generate(model):
         assert result.prompt_tokens == len(prompt)
 
 
+def spy_on_steps(engine):
+    """Record, after each scheduler step, (running requests, KV positions held, preempted)."""
+    steps = []
+    schedule = engine.scheduler.schedule
+
+    def spy():
+        step = schedule()
+        steps.append((engine.busy_slots, engine.reserved_kv_tokens, len(step.preempted)))
+        return step
+
+    engine.scheduler.schedule = spy
+    return steps
+
+
 def test_continuous_batching_equals_one_at_a_time_under_a_kv_cap(model):
     mixed = [
         SamplingParams(max_tokens=6 + i, temperature=0 if i % 2 else 0.9, seed=i, top_k=50)
         for i in range(len(PROMPTS))
     ]
     engine = Engine(model, ByteTokenizer(), max_batch_size=4, max_kv_tokens=60)
-    running = []
-    prefill = engine._prefill
-
-    def spy(requests):  # how many slots are taken, and how much KV is reserved, at admission
-        running.append((engine.busy_slots, engine.reserved_kv_tokens))
-        prefill(requests)
-
-    engine._prefill = spy
+    assert engine.max_kv_tokens == 48  # whole blocks of 16 under the cap
+    steps = spy_on_steps(engine)
     with engine:
         batched = engine.generate(PROMPTS, mixed)
     assert [r.token_ids for r in batched] == [
         r.token_ids for r in one_at_a_time(model, PROMPTS, mixed)
     ]
-    assert max(n for n, _ in running) >= 2  # requests did share the batch
-    assert max(n for n, _ in running) < 4  # but the KV cap, not the slots, limited them
-    assert all(reserved <= 60 for _, reserved in running)
+    assert max(n for n, _, _ in steps) >= 2  # requests did share the batch
+    assert max(n for n, _, _ in steps) < 4  # but the KV pool, not the batch size, limited them
+    assert all(held <= 48 for _, held, _ in steps)
+    assert engine.reserved_kv_tokens == 0 and engine.busy_slots == 0
+
+
+def test_a_full_pool_preempts_and_every_request_still_finishes_exactly(model):
+    prompts = [[i + 1] * 5 for i in range(4)]
+    params = [SamplingParams(20, temperature=0 if i % 2 else 0.8, seed=i) for i in range(4)]
+    # Each request ends up holding 7 blocks of 4; admitted on 2 each, the 4 outgrow 11.
+    engine = Engine(model, ByteTokenizer(), max_batch_size=4, max_kv_tokens=44, block_size=4)
+    steps = spy_on_steps(engine)
+    with engine:
+        together = engine.generate(prompts, params)
+    assert sum(preempted for _, _, preempted in steps) > 0
+    assert all(c.finish_reason == "length" for c in together)
+    assert [c.token_ids for c in together] == [
+        c.token_ids for c in one_at_a_time(model, prompts, params)
+    ]
     assert engine.reserved_kv_tokens == 0 and engine.busy_slots == 0
 
 

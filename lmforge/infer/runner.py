@@ -1,0 +1,81 @@
+"""The engine's model runner: forwards over the paged KV cache, and nothing else.
+
+`prefill` computes one chunk of one sequence's tokens from its position on; `decode` computes
+the newest token of many sequences at once, each at its own position, and can be compiled: the
+rows are padded to a power of two (padding rows write to the null block) and the block tables'
+width is symbolic, so a growing context does not recompile. Which tokens to compute, and in
+which blocks, is the scheduler's business (lmforge.infer.scheduler).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lmforge.infer.blocks import NULL_BLOCK
+from lmforge.infer.kv_cache import PagedKVCache
+
+if TYPE_CHECKING:
+    from lmforge.infer.scheduler import Sequence
+    from lmforge.model.transformer import Transformer
+
+
+class ModelRunner:
+    def __init__(
+        self, model: Transformer, n_blocks: int, block_size: int, max_rows: int, compile: bool
+    ) -> None:
+        self.model = model
+        self.device = model.tok_embeddings.weight.device
+        self.cache = PagedKVCache(model, n_blocks, block_size)
+        self.max_rows = max_rows
+        self.compiled = compile
+        self._step = self._compile() if compile else self._forward
+
+    def prefill(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
+        """Compute seq.tokens[start:end] into its blocks; the logits (1, vocab) after the last."""
+        ids = torch.tensor([seq.tokens[start:end]], dtype=torch.long, device=self.device)
+        n_blocks = -(-end // self.cache.block_size)
+        self.cache.bind(self._tables([seq.blocks[:n_blocks]]), start, end - start)
+        return self.model(ids, self.cache, last_only=True)[:, -1]
+
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Compute each sequence's newest token; the logits (len(seqs), vocab) after each."""
+        rows = len(seqs)
+        if self.compiled:  # one compiled graph per power of two
+            rows = min(self.max_rows, 1 << (rows - 1).bit_length())
+        pad = rows - len(seqs)
+        tokens = [[s.tokens[-1]] for s in seqs] + [[0]] * pad
+        positions = [s.computed for s in seqs] + [0] * pad
+        self.cache.bind(
+            self._tables([s.blocks for s in seqs] + [[NULL_BLOCK]] * pad),
+            torch.tensor(positions, device=self.device),
+            1,
+        )
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return self._step(ids)[: len(seqs)]
+
+    def verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
+        """Compute each sequence's newest token and its k drafts (all rows k long); the logits
+        (len(seqs), k + 1, vocab) after each of them."""
+        tokens = [[s.tokens[-1], *d] for s, d in zip(seqs, drafts, strict=True)]
+        positions = torch.tensor([s.computed for s in seqs], device=self.device)
+        self.cache.bind(self._tables([s.blocks for s in seqs]), positions, len(tokens[0]))
+        return self.model(torch.tensor(tokens, dtype=torch.long, device=self.device), self.cache)
+
+    def _tables(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max(len(t) for t in tables)
+        padded = [t + [NULL_BLOCK] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.long, device=self.device)
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, self.cache)[:, -1]
+
+    def _compile(self) -> Any:
+        """The decode step compiled once per row count (1, 2, 4, ... rows)."""
+        shapes = self.max_rows.bit_length() + 1
+        # isolate_recompiles: this engine's variants count against its own limit, not those of
+        # every engine's step (one code object).
+        return torch.compile(
+            self._forward, dynamic=False, recompile_limit=shapes, isolate_recompiles=True
+        )
