@@ -31,6 +31,7 @@ import torch
 from lmforge.device.capability import use_compile
 from lmforge.errors import LmforgeError
 from lmforge.infer.blocks import BlockPool
+from lmforge.infer.kv_cache import PagedKVCache
 from lmforge.infer.output import (
     Completion,
     RequestHandle,
@@ -258,6 +259,11 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.model.config.max_seq_len
+
+    @property
+    def cache(self) -> PagedKVCache:
+        """The KV pool's tensors (the runner's)."""
+        return self.runner.cache
 
     @property
     def max_kv_tokens(self) -> int:
