@@ -19,8 +19,12 @@ else `LMFORGE_SANDBOX` (`auto`, `bwrap` or `guard`), else `auto`.
 
 `auto` probes once (bwrap present, Linux, a sandbox that starts and runs Python) and, where the
 probe fails (macOS, a container that forbids namespaces, bwrap missing), warns once, naming why
-and the fix, and uses the guard. `bwrap` makes that failure an LmforgeError. Nested user
-namespaces are not blocked when bwrap runs as root (`--disable-userns` needs one of its own).
+and the fix, and uses the guard. `bwrap` makes that failure an LmforgeError.
+
+Not covered: the program may still create user namespaces of its own inside (bwrap's
+`--disable-userns` needs the sandbox to be one, which the root path does without), and bwrap's
+init, once it exits, is left for the host's init to reap (bwrap's monitor does not wait for
+it), so a container whose PID 1 never reaps collects one zombie per program.
 """
 
 from __future__ import annotations
