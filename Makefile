@@ -39,6 +39,13 @@ $(VENV)/.chromium: | $(BIN)/python
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; }
 	touch $@
 
+# Generated code (HumanEval) runs under bubblewrap where Linux allows it (lmforge/eval/sandbox.py);
+# the escape tests need it. Elsewhere lmforge warns once and runs it behind its guard alone.
+$(VENV)/.bubblewrap: | $(BIN)/python
+	test "$$(uname -s)" != Linux || command -v bwrap > /dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap > /dev/null; }
+	touch $@
+
 # lint-imports checks the layer contracts in pyproject.toml ([tool.importlinter]) first. The
 # suite runs on TEST_WORKERS processes (pytest-xdist): many tests wait on subprocesses, sockets
 # and process groups, so two workers finish in about 0.7x the time of one, even on 2 cores.
@@ -47,7 +54,7 @@ $(VENV)/.chromium: | $(BIN)/python
 # torchrun ranks, Inductor's compile workers) compiles torch's sources again: 2 to 4 s of CPU
 # each, over a quarter of the suite's CPU time.
 TEST_WORKERS ?= 2
-test: $(VENV)/.installed-dev $(VENV)/.chromium
+test: $(VENV)/.installed-dev $(VENV)/.chromium $(VENV)/.bubblewrap
 	$(BIN)/lint-imports --no-cache
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 

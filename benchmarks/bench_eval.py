@@ -37,18 +37,32 @@ medians.
 Agreement, the proof that both measure the same thing: the same accuracy and per-example,
 per-choice log-likelihoods within 1e-3 (the max absolute difference is reported).
 
-Target: lmforge >= 3x lm-eval's examples/s on each shape. Writes
-benchmarks/results/bench_eval.json.
+Target: lmforge >= 3x lm-eval's examples/s on each shape.
+
+HumanEval's execution ("humaneval"), the price of the sandbox: HumanEval's 164 canonical
+solutions (each assembled with its tests as `score_humaneval` does) run through `run_programs`
+(--workers, default 2, as `lmforge eval` runs them) behind bubblewrap and behind the guard
+alone (eval/sandbox.py), one untimed warm-up pass each, then --humaneval-reps (default 3)
+passes per side, interleaved (guard, bwrap, guard, bwrap...). Reported: the median
+programs/s of each side, the paired ratio of each repetition (bwrap / guard, back to back),
+the median wall time of one program, and that every solution passed on both sides.
+
+Writes benchmarks/results/bench_eval.json. `--parts humaneval` measures the HumanEval part
+alone and replaces only its section of an existing results file (the section records its own
+machine, date and commit).
 
     python benchmarks/bench_eval.py [--reps 2] [--threads 2] [--examples 500]
         [--limit-134m 100] [--shapes speedrun,134M] [--lm-eval-batch N]
+        [--parts lm-eval,humaneval] [--humaneval-reps 3] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -69,7 +83,10 @@ from lmforge.data import is_validation, stdlib_documents
 from lmforge.device.cpuinfo import read_cpuinfo
 from lmforge.eval.backend import EngineBackend
 from lmforge.eval.code_suite import code_suite
+from lmforge.eval.execution import run_programs
 from lmforge.eval.harness import run_task
+from lmforge.eval.humaneval import humaneval_program, load_humaneval
+from lmforge.eval.sandbox import bwrap_unavailable
 from lmforge.eval.tasks import load_spec
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import export_hf
@@ -334,6 +351,71 @@ def bench_shape(shape, limit, reps, batch, tok_dir, task_dir, spec_path, work) -
     }
 
 
+def bench_humaneval(reps: int, workers: int) -> dict:
+    """Programs/s of HumanEval's canonical solutions behind bwrap and behind the guard alone."""
+    problems = load_humaneval()
+    sources = [humaneval_program(p, p["canonical_solution"]) for p in problems]
+    if reason := bwrap_unavailable():
+        raise SystemExit(f"bubblewrap cannot run here, so there is nothing to compare: {reason}")
+    kinds = ("guard", "bwrap")
+    for kind in kinds:  # warm-up: the page cache, the probe, bwrap's first start
+        run_programs(sources, workers=workers, timeout_s=10.0, sandbox=kind)
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    for rep in range(reps):
+        for kind in kinds:
+            start = time.perf_counter()
+            results = run_programs(sources, workers=workers, timeout_s=10.0, sandbox=kind)
+            wall = time.perf_counter() - start
+            failed = [p["task_id"] for p, r in zip(problems, results, strict=True) if not r.passed]
+            runs[kind].append(
+                {
+                    "programs_per_s": len(sources) / wall,
+                    "wall_s": wall,
+                    "program_wall_s": statistics.median(r.wall_s for r in results),
+                    "failed": failed,
+                    "sandboxes": sorted({r.sandbox for r in results}),
+                }
+            )
+            print(
+                f"  humaneval rep {rep + 1}/{reps} {kind}: "
+                f"{len(sources) / wall:.1f} programs/s ({wall:.1f} s), {len(failed)} failed",
+                flush=True,
+            )
+    summary = {
+        kind: {
+            "programs_per_s": statistics.median(r["programs_per_s"] for r in rs),
+            "wall_s": statistics.median(r["wall_s"] for r in rs),
+            "program_wall_s": statistics.median(r["program_wall_s"] for r in rs),
+            "all_passed": not any(r["failed"] for r in rs),
+            "ran_behind": sorted({k for r in rs for k in r["sandboxes"]}),
+            "per_rep_programs_per_s": [round(r["programs_per_s"], 2) for r in rs],
+        }
+        for kind, rs in runs.items()
+    }
+    paired = [
+        b["programs_per_s"] / a["programs_per_s"]
+        for a, b in zip(runs["guard"], runs["bwrap"], strict=True)
+    ]
+    bwrap_version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True)
+    return {
+        "programs": len(sources),
+        "what": "HumanEval's canonical solutions with their tests, through run_programs",
+        "workers": workers,
+        "repetitions": reps,
+        "measured_at": datetime.date.today().isoformat(),
+        "cpu": read_cpuinfo().model,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "bwrap": bwrap_version.stdout.strip(),
+        "as_root": os.geteuid() == 0,
+        "source": source_state(),
+        "load_average_after": os.getloadavg(),
+        "summary": summary,
+        "ratio": summary["bwrap"]["programs_per_s"] / summary["guard"]["programs_per_s"],
+        "ratio_per_rep": [round(r, 3) for r in paired],
+    }
+
+
 def source_state() -> dict:
     """The commit measured, and lmforge's files changed since it (measured as they are)."""
 
@@ -370,6 +452,18 @@ def print_table(results: dict) -> None:
         )
 
 
+def print_humaneval(r: dict) -> None:
+    s = r["summary"]
+    print(
+        f"HumanEval, {r['programs']} programs, {r['workers']} workers: bwrap "
+        f"{s['bwrap']['programs_per_s']:.1f} programs/s, guard {s['guard']['programs_per_s']:.1f}"
+        f" ({r['ratio']:.2f}x; per repetition "
+        f"{', '.join(f'{x:.2f}x' for x in r['ratio_per_rep'])}); one program "
+        f"{s['bwrap']['program_wall_s'] * 1e3:.0f} ms vs {s['guard']['program_wall_s'] * 1e3:.0f}"
+        f" ms; all passed: bwrap {s['bwrap']['all_passed']}, guard {s['guard']['all_passed']}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions per side")
@@ -380,7 +474,18 @@ def main() -> None:
     parser.add_argument("--lm-eval-batch", type=int, help="lm-eval's batch size (no sweep)")
     parser.add_argument("--lm-eval-batches", default="8,16,32", help="the sweep's candidates")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--parts", default="lm-eval,humaneval", help="lm-eval, humaneval")
+    parser.add_argument("--humaneval-reps", type=int, default=3, help="passes per side")
+    parser.add_argument("--workers", type=int, default=2, help="programs run at once")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if parts == {"humaneval"}:  # only this section of the results file is replaced
+        out = json.loads(args.out.read_text()) if args.out.exists() else {}
+        out["humaneval"] = bench_humaneval(args.humaneval_reps, args.workers)
+        print_humaneval(out["humaneval"])
+        write_json(args.out, out)
+        print(f"wrote {args.out}")
+        return
     torch.set_num_threads(args.threads)
     import accelerate
     import lm_eval
@@ -410,6 +515,10 @@ def main() -> None:
                 shape, limit, args.reps, batch, tok_dir, task_dir, spec_path, work / shape
             )
     print_table(results)
+    humaneval = None
+    if "humaneval" in parts:
+        humaneval = bench_humaneval(args.humaneval_reps, args.workers)
+        print_humaneval(humaneval)
     cpu = read_cpuinfo()
     out = {
         "task": "code_next_line (lmforge's code suite), 4 choices, as an lm-eval YAML over JSONL",
@@ -437,6 +546,8 @@ def main() -> None:
         "ratios": {shape: r["ratio"] for shape, r in results.items()},
         "targets_met": {shape: r["target_met"] for shape, r in results.items()},
     }
+    if humaneval is not None:
+        out["humaneval"] = humaneval
     write_json(args.out, out)
     print(f"wrote {args.out}")
 

@@ -20,6 +20,7 @@ from lmforge.device.capability import (
     cpu_capability,
 )
 from lmforge.device.peak import measured_peak_flops
+from lmforge.eval.sandbox import bwrap_unavailable, requested
 from lmforge.infer.weight_layouts import decode_layout
 from lmforge.train.precision import auto_precision
 
@@ -82,6 +83,7 @@ def diagnose() -> dict:
             },
         },
         "compile": {"cpp_compiler": cpp_compiler()},
+        "sandbox": _sandbox(),
         "gpu": _gpu(),
     }
 
@@ -131,6 +133,7 @@ def render(facts: dict) -> str:
         *[(f"decode {k}", v) for k, v in choices["decode_layout"].items()],
         ("torch.compile", facts["compile"]["cpp_compiler"] or "unavailable: no C++ compiler"),
         ("glibc mallopt", yes(cpu["glibc"])),
+        ("code sandbox", facts["sandbox"]),
         ("GPU", facts["gpu"]),
     ]
     width = max(len(name) for name, _ in lines)
@@ -140,6 +143,14 @@ def render(facts: dict) -> str:
 def run_doctor(as_json: bool = False) -> str:
     facts = diagnose()
     return json.dumps(facts, indent=1) if as_json else render(facts)
+
+
+def _sandbox() -> str:
+    """What model-written code (HumanEval) runs behind here, and why (eval/sandbox.py)."""
+    if requested() == "guard":
+        return "guard only (LMFORGE_SANDBOX=guard)"
+    reason = bwrap_unavailable()
+    return "bubblewrap" if reason is None else f"guard only: {reason}"
 
 
 def _gpu() -> str:

