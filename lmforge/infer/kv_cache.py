@@ -79,7 +79,7 @@ class PagedKVCache:
         out = []
         for pool, new in ((self.k[layer], k), (self.v[layer], v)):
             pool[:, self._write_block, self._write_offset] = new.transpose(0, 1).reshape(h, -1, d)
-            gathered = pool[:, self._read]  # (H_kv, B * W, block_size, D)
+            gathered = pool.index_select(1, self._read)  # (H_kv, B * W, block_size, D)
             out.append(gathered.view(h, b, -1, d).transpose(0, 1))
         if self._kv_len is not None:
             return out[0][:, :, : self._kv_len], out[1][:, :, : self._kv_len]
