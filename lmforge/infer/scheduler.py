@@ -104,6 +104,8 @@ class Scheduler:
         for seq in list(self.running):
             if seq not in self.running:  # preempted for an older one in this step
                 continue
+            if seq.pending > 1:
+                self._extend_from_cache(seq)
             n = min(seq.pending, budget)
             if n == 0:
                 continue
@@ -146,6 +148,19 @@ class Scheduler:
         for i in range(seq.registered, full):
             self.pool.register(seq.blocks[i], keys[i])
         seq.registered = max(seq.registered, full)
+
+    def _extend_from_cache(self, seq: Sequence) -> None:
+        """A prefill that stopped at a block boundary takes the blocks that another request
+        computed meanwhile (requests with one long prompt, arriving together)."""
+        size = self.pool.block_size
+        held = len(seq.blocks)
+        if not self.prefix_caching or seq.computed != held * size:
+            return
+        cacheable = (len(seq.tokens) - 1) // size
+        found = self.pool.lookup(seq.block_keys(cacheable, size)[held:])
+        seq.blocks += found
+        seq.computed += len(found) * size
+        seq.registered = len(seq.blocks)
 
     def _grow_or_preempt(self, seq: Sequence, n_tokens: int, step: Step) -> bool:
         """Give seq blocks for n_tokens, preempting the newest sequences until it fits; False

@@ -144,3 +144,21 @@ def test_an_identical_request_admitted_in_the_same_step_forks_the_first():
     assert pool.n_held == 3 + 2  # 3 blocks computed once, and two private last blocks
     run(scheduler, step)
     assert all(s.pending == 1 for s in seqs)
+
+
+def test_requests_arriving_together_with_one_long_prompt_compute_it_once():
+    pool = BlockPool(n_blocks=1 + 64, block_size=4)
+    scheduler = Scheduler(pool, max_seqs=4, max_step_tokens=16)
+    system = list(range(100, 148))  # 48 tokens: 12 blocks, 3 steps of 16
+    seqs = [Sequence([*system, i]) for i in range(3)]
+    for seq in seqs:
+        scheduler.add(seq)
+    computed = 0
+    while any(len(s.tokens) == 49 for s in seqs):
+        step = scheduler.schedule()
+        computed += sum(c.end - c.start for c in step.chunks if c.source is None)
+        computed += len(step.decodes)
+        run(scheduler, step)
+    # Without reuse the three would compute 3 x 49 prompt tokens; the later ones join the
+    # first one's blocks as it computes them, up to a chunk each and their own last block.
+    assert computed < 49 + 2 * (16 + 4) + 3
