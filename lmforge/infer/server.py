@@ -49,6 +49,7 @@ from lmforge.infer.text import prompt_ids
 from lmforge.infer.weight_layouts import load_for_decode
 from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.tokenizer.tokenizer import EOT
+from lmforge.tokens.encode import document_start
 
 if TYPE_CHECKING:
     from lmforge.tokenizer import Tokenizer
@@ -346,12 +347,14 @@ class _Server:
         }
 
     def tokenize(self, body: api.TokenizeRequest) -> dict:
-        """vLLM's `/tokenize`: special-token text becomes its id; `add_special_tokens` starts
-        the ids with `<|endoftext|>`, as a text prompt to /v1/completions starts."""
+        """vLLM's `/tokenize`: special-token text becomes its id, and the ids start a document
+        (`<|endoftext|>` first, lmforge.tokens.encode.document_start) as a text prompt to
+        /v1/completions does, whatever `add_special_tokens` says: lm-eval's remote tokenizer
+        sends false, and its log-likelihoods then equal the hf backend's and `lmforge eval`'s."""
         self.check_optional_model(body.model)
-        ids = self.tokenizer.encode(body.prompt, allowed_special="all")
-        if body.add_special_tokens and self.tokenizer.eot_id is not None:
-            ids = [self.tokenizer.eot_id, *ids]
+        ids = document_start(
+            self.tokenizer, self.tokenizer.encode(body.prompt, allowed_special="all")
+        )
         limit = self.engine.max_context
         return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}
 
