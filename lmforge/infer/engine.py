@@ -357,6 +357,11 @@ class Engine:
         return sum(r is not None for r in self._slots)
 
     @property
+    def queued_requests(self) -> int:
+        """Requests submitted and waiting for a batch slot (not yet admitted)."""
+        return len(self._queue)
+
+    @property
     def reserved_kv_tokens(self) -> int:
         """KV positions promised to admitted requests (prompt + max_tokens each)."""
         return self._reserved

@@ -471,6 +471,7 @@ class BrokenEngine:
     """An engine whose every request fails once generation starts."""
 
     max_context = CONTEXT
+    queued_requests = 0
 
     def submit(self, ids, params):
         return BrokenRequest()
