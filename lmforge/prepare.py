@@ -261,6 +261,8 @@ def tokenize_inputs(
     The inputs are read twice: once to count each split, so that input without text is an error
     before anything is written, then to encode. As in `prepare_documents`, when the hash puts no
     document in the validation split, the train document with the lowest split score moves there.
+    A single document, or `val_fraction` 0, gives a train shard alone: training on such a folder
+    stops with a one-line error (it validates on the val shard), other uses of it work.
     """
     tokenizer = Tokenizer.load(tokenizer_dir)
     n_train = n_val = 0
@@ -273,11 +275,12 @@ def tokenize_inputs(
         if lowest is None or split_score(doc.id) < lowest[0]:
             lowest = (split_score(doc.id), doc.id)
     where = ", ".join(paths) or "the standard library"
-    if n_train + n_val < 2:
+    if n_train + n_val == 0:
         raise LmforgeError(
-            f"{where} holds {n_train + n_val} document(s) with text: a train and a validation "
-            "split need at least two; pass UTF-8 .txt, .jsonl or .tar files with text"
+            f"{where} holds no document with text: pass UTF-8 .txt, .jsonl or .tar files with text"
         )
+    if data.val_fraction == 0 or n_train + n_val == 1:
+        return _tokenize_train_only(tokenizer, paths, out, data, n_train + n_val)
     if n_train == 0:
         raise LmforgeError(
             f"--val-fraction {data.val_fraction} leaves no document to train on: lower it"
@@ -300,3 +303,13 @@ def tokenize_inputs(
     splits = {"train": train_texts(), "val": iter(val_texts)}
     totals = {"train": n_train - (moved is not None), "val": n_val + (moved is not None)}
     return tokenize_splits(tokenizer, splits, out, data.workers or None, totals)
+
+
+def _tokenize_train_only(
+    tokenizer: Tokenizer, paths: list[str], out: str | Path, data: DataConfig, total: int
+) -> ShardMeta:
+    """Every document into the train shard: no validation split is written."""
+    texts = (doc.text for doc in read_inputs(paths, data.doc_separator))
+    why = "--val-fraction 0" if data.val_fraction == 0 else "one document"
+    print(f"tokenize: {why}, so a train shard alone (no val shard to validate on)")
+    return tokenize_splits(tokenizer, {"train": texts}, out, data.workers or None, {"train": total})

@@ -34,6 +34,7 @@ from lmforge.run_dir import RunDir
 from lmforge.threads import requested_threads
 from lmforge.train import TrainResult, train
 from lmforge.train.checkpoint_dir import TRAINED_ON, data_record
+from lmforge.train.data import require_val_shard
 from lmforge.train.signals import exit_status, stopped_message
 
 PREPARE_WAIT_S = 3 * 3600  # under torchrun, how long the other ranks wait for rank 0's data
@@ -128,6 +129,7 @@ def prepare(
     requested_threads(threads)
     with clock.excluded() if clock else contextlib.nullcontext():
         if shard_dir is not None:
+            require_val_shard(shard_dir)
             if _rank() == 0:  # under torchrun, rank 0 alone claims the folder
                 RunDir(out, RUN_FOLDER).claim(cfg, fresh)
             return Data(Path(shard_dir), None)

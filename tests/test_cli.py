@@ -123,6 +123,12 @@ SURFACE = {
         "--model-name",
         "--compile",
         "--device",
+        "--api-key",
+        "--max-body-bytes",
+        "--max-prompt-tokens",
+        "--max-tokens",
+        "--max-queue",
+        "--shutdown-timeout",
     },
     "chat": {
         "--checkpoint",

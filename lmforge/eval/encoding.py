@@ -9,22 +9,28 @@ how a long document is split into scored windows (`rolling_windows`). Each follo
 `bos`: lm-eval's hf backend encodes with the tokenizer's own special tokens, and the tokenizer
 `lmforge export` writes starts every text with `<|endoftext|>` (as every training document
 started), unless the text already starts with it; an empty context's continuation is encoded
-without it. Pass `bos=None` for lm-eval's API backends (`local-completions`), whose remote
-tokenizer never adds one (or `add_bos_token=False` for the hf backend).
+without it. lm-eval's API backends (`local-completions`) against `lmforge serve` get the same,
+as the server's `/tokenize` applies the same rule (lmforge.tokens.encode.document_start).
+`bos=None` leaves it out, as the hf backend's `add_bos_token=False` does.
 """
 
 from __future__ import annotations
 
+from lmforge.errors import LmforgeError
 from lmforge.tokenizer import Tokenizer
+from lmforge.tokens.encode import document_start
 
 
 def encode(tokenizer: Tokenizer, text: str, bos: int | None = None) -> list[int]:
     """Text to ids, special-token text to its special id (as a Hugging Face tokenizer does),
-    after `bos` unless the text starts with it."""
+    after `bos` (`<|endoftext|>`, lmforge's document start: tokens.encode.document_start)
+    unless the text starts with it."""
     ids = tokenizer.encode(text, allowed_special="all")
-    if bos is not None and ids[:1] != [bos]:
-        ids.insert(0, bos)
-    return ids
+    if bos is None:
+        return ids
+    if bos != tokenizer.eot_id:
+        raise LmforgeError(f"bos={bos} is not <|endoftext|>: pass the tokenizer's eot_id or None")
+    return document_start(tokenizer, ids)
 
 
 def encode_pair(

@@ -87,6 +87,43 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "step runs 1, 2, 4, ... requests (about 10 s each for the speedrun's model on a CPU)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    guard = p.add_argument_group("access and limits")
+    guard.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on every /v1 route (default: the "
+        "LMFORGE_API_KEY environment variable, else none); the chat page asks for it",
+    )
+    guard.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 2**20,
+        help="largest request body; a larger one gets 413 (default 4 MiB)",
+    )
+    guard.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        help="longest prompt in tokens; a longer one gets 400 (default: the context window)",
+    )
+    guard.add_argument(
+        "--max-tokens",
+        type=int,
+        help="highest max_tokens a request may ask for; more gets 400 (default: the context "
+        "window); also the reply limit of a chat request that names none",
+    )
+    guard.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests that may wait for a batch slot; one more gets 429 with Retry-After "
+        "(default 256)",
+    )
+    guard.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on Ctrl-C, seconds the requests in flight get to finish before they are "
+        "cancelled (default 30)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -141,7 +178,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     require("lmforge serve", "serve", "fastapi", "uvicorn")
     from lmforge.infer.server import serve  # checks the port, then the checkpoint
+    from lmforge.infer.server_limits import ServerLimits
 
+    limits = ServerLimits.from_env(
+        args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens=args.max_tokens,
+        max_queue=args.max_queue,
+    )
     serve(
         args.checkpoint,
         args.host,
@@ -151,6 +196,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.device,
         compile=args.compile,
         adapter=args.adapter,
+        limits=limits,
+        shutdown_timeout=args.shutdown_timeout,
     )
     return 0
 

@@ -276,6 +276,11 @@ class Engine:
         return len(self.scheduler.running)
 
     @property
+    def queued_requests(self) -> int:
+        """Requests submitted and waiting for a batch slot (not yet admitted)."""
+        return len(self._queue)
+
+    @property
     def reserved_kv_tokens(self) -> int:
         """KV positions in blocks that requests hold (cached blocks no one holds are free)."""
         return self.scheduler.pool.n_held * self.scheduler.pool.block_size

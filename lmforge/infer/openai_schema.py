@@ -150,8 +150,9 @@ def _chosen_only(alternatives: int | None) -> int | None:
 
 
 class TokenizeRequest(BaseModel):
-    """vLLM's `POST /tokenize`: `add_special_tokens` starts the ids with `<|endoftext|>`, as
-    lmforge starts every document; special-token text in the prompt becomes its id."""
+    """vLLM's `POST /tokenize`: the ids start with `<|endoftext|>`, as lmforge starts every
+    document, whatever `add_special_tokens` says (accepted for vLLM's clients); special-token
+    text in the prompt becomes its id."""
 
     model_config = ConfigDict(extra="ignore")
 

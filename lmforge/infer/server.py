@@ -14,10 +14,12 @@ by an engine scoring job (`Engine.submit_score`), and `max_tokens: 0` with `echo
 prompt only (lm-eval's log-likelihoods are `echo` + `logprobs: 1` + `max_tokens: 1`).
 
 Errors follow OpenAI's format, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
-JSON, invalid fields and prompts that do not fit the context window, 404 for an unknown model or
-route. Nothing is truncated unless a chat request opts in with lmforge's `"truncate": "oldest"`:
-then the oldest messages are left out as in `lmforge chat`, and the response's
-`x-lmforge-dropped-messages` header says how many.
+JSON, invalid fields and prompts that do not fit the context window (or the server's
+`--max-prompt-tokens` and `--max-tokens` caps), 404 for an unknown model or route; 401 without
+the API key, 413 for a body too large and 429 when too many requests wait come from
+lmforge.infer.server_limits, which guards the app. Nothing is truncated unless a chat request
+opts in with lmforge's `"truncate": "oldest"`: then the oldest messages are left out as in
+`lmforge chat`, and the response's `x-lmforge-dropped-messages` header says how many.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import errno
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -45,10 +48,18 @@ from lmforge.errors import LmforgeError
 from lmforge.infer import openai_schema as api
 from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
 from lmforge.infer.score import BATCH_TOKENS
+from lmforge.infer.server_limits import (
+    Guard,
+    LimitError,
+    ServerLimits,
+    check_request,
+    exposure_warning,
+)
 from lmforge.infer.text import prompt_ids
 from lmforge.infer.weight_layouts import load_for_decode
 from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.tokenizer.tokenizer import EOT
+from lmforge.tokens.encode import document_start
 
 if TYPE_CHECKING:
     from lmforge.tokenizer import Tokenizer
@@ -206,9 +217,12 @@ def _sse(payload: dict | str) -> str:
 class _Server:
     """Request handling shared by the routes: prompts to engine requests to response bodies."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer: Tokenizer, model_name: str, limits: ServerLimits
+    ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.template = ChatTemplate(tokenizer)
+        self.limits = limits
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -346,12 +360,14 @@ class _Server:
         }
 
     def tokenize(self, body: api.TokenizeRequest) -> dict:
-        """vLLM's `/tokenize`: special-token text becomes its id; `add_special_tokens` starts
-        the ids with `<|endoftext|>`, as a text prompt to /v1/completions starts."""
+        """vLLM's `/tokenize`: special-token text becomes its id, and the ids start a document
+        (`<|endoftext|>` first, lmforge.tokens.encode.document_start) as a text prompt to
+        /v1/completions does, whatever `add_special_tokens` says: lm-eval's remote tokenizer
+        sends false, and its log-likelihoods then equal the hf backend's and `lmforge eval`'s."""
         self.check_optional_model(body.model)
-        ids = self.tokenizer.encode(body.prompt, allowed_special="all")
-        if body.add_special_tokens and self.tokenizer.eot_id is not None:
-            ids = [self.tokenizer.eot_id, *ids]
+        ids = document_start(
+            self.tokenizer, self.tokenizer.encode(body.prompt, allowed_special="all")
+        )
         limit = self.engine.max_context
         return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}
 
@@ -572,10 +588,15 @@ async def _stream(
     yield _sse("[DONE]")
 
 
-def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI:
-    """The FastAPI app serving `engine` as `model_name`; the caller owns (and closes) the engine."""
+def create_app(
+    engine: Engine, tokenizer: Tokenizer, model_name: str, limits: ServerLimits | None = None
+) -> FastAPI:
+    """The FastAPI app serving `engine` as `model_name`, guarded by `limits` (default: no API
+    key, the default caps); the caller owns (and closes) the engine."""
     app = FastAPI(title="lmforge", docs_url=None, redoc_url=None)
-    server = _Server(engine, tokenizer, model_name)
+    limits = limits or ServerLimits()
+    server = _Server(engine, tokenizer, model_name, limits)
+    app.add_middleware(Guard, limits=limits, queued=lambda: engine.queued_requests)
     completion_format, chat_format = _CompletionFormat(tokenizer), _ChatFormat(tokenizer)
     _add_error_handlers(app)
 
@@ -600,6 +621,7 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
                 param="max_tokens",
             )
         for ids in prompts:
+            check_request(server.limits, len(ids), body.max_tokens, "prompt")
             server.check_fits(len(ids), body.max_tokens, "prompt")
         echoes = await server.echoes(body.prompt, prompts, body.logprobs) if body.echo else None
         requests = [
@@ -617,7 +639,9 @@ def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str) -> FastAPI
         server.check_model(body.model)
         template = server.template
         ids, dropped = server.chat_prompt(body)
-        max_tokens = body.requested_tokens() or max(1, engine.max_context - len(ids))
+        check_request(server.limits, len(ids), body.requested_tokens(), "messages")
+        room = max(1, engine.max_context - len(ids))
+        max_tokens = body.requested_tokens() or min(room, server.limits.max_tokens or room)
         server.check_fits(len(ids), max_tokens, "messages")
         stops = (template.stop, template.stop_ids)
         requests = [(ids, body.sampling(max_tokens, k, *stops)) for k in range(body.n)]
@@ -663,6 +687,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(_request: Any, e: ApiError) -> JSONResponse:
         return JSONResponse(e.body, status_code=e.status)
 
+    @app.exception_handler(LimitError)
+    async def limit_error(_request: Any, e: LimitError) -> JSONResponse:
+        body = api.error_body(str(e), "invalid_request_error", e.param, e.code)
+        return JSONResponse(body, status_code=e.status)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Any, e: RequestValidationError) -> JSONResponse:
         errors = e.errors()  # of a union field: one per member, type mismatches first
@@ -692,12 +721,22 @@ def _union_member(loc: int | str) -> bool:
 
 
 @contextmanager
-def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def running(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float | None = None
+) -> Iterator[str]:
     """Serve `app` with uvicorn from a background thread; yield its base URL (port 0: any free
-    port). For tests and benchmarks: the server stops when the block ends."""
+    port). For tests and benchmarks: the server stops when the block ends, after the requests
+    in flight finish (as `serve` drains them: at most `shutdown_timeout` seconds)."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=shutdown_timeout,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
@@ -744,17 +783,34 @@ def serve(
     *,
     compile: bool = False,
     adapter: str | Path | None = None,
+    limits: ServerLimits | None = None,
+    shutdown_timeout: float = 30.0,
 ) -> None:
-    """`lmforge serve`: load a checkpoint (and a LoRA adapter) and serve it until Ctrl-C."""
+    """`lmforge serve`: load a checkpoint (and a LoRA adapter) and serve it until Ctrl-C.
+
+    Ctrl-C (or SIGTERM) drains: the server stops accepting connections, the requests in flight
+    finish for up to `shutdown_timeout` seconds, those still running then are cancelled, which
+    aborts their engine requests, and the engine closes."""
     import uvicorn
 
+    limits = limits or ServerLimits()
     check_port(host, port)  # before the model loads, and before the banner
+    warning = exposure_warning(host, limits)
+    if warning:
+        print(warning, file=sys.stderr)
     model, tokenizer = load_for_decode(checkpoint, device, adapter)
     name = model_name or Path(checkpoint).resolve().name
     engine = Engine(
         model, tokenizer, max_batch_size=max_batch_size, compile=compile, relayout_weights=True
     )
     with engine:
-        app = create_app(engine, tokenizer, name)
-        print(f"serving {name!r} on http://{host}:{port} (chat page at /, API at /v1)")
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        app = create_app(engine, tokenizer, name, limits)
+        key = ", API key required" if limits.api_key else ""
+        print(f"serving {name!r} on http://{host}:{port} (chat page at /, API at /v1{key})")
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=shutdown_timeout,
+        )

@@ -29,10 +29,25 @@ def _encode_with_separator(text: str) -> list[int]:
     return document_ids(_worker_tokenizer, text)
 
 
+def document_start(tokenizer: Tokenizer, ids: list[int]) -> list[int]:
+    """lmforge's one document-start rule: ids made from a text start a document, and a document
+    starts with `<|endoftext|>`, as every document in the token shards does, unless the ids
+    start with it already (a text that opens with the token's own text).
+
+    Every place that turns text into a model's input applies it: the shards (`document_ids`),
+    prompts (`lmforge generate`, `lmforge chat`, the server's text prompts and chat template),
+    `lmforge eval`'s requests (lmforge.eval.encoding), and the server's `/tokenize` (through
+    which lm-eval's `local-completions` encodes), so a log-likelihood is the same by every route.
+    Token ids a client sends are the model's input as they are."""
+    eot = tokenizer.eot_id
+    if eot is None or ids[:1] == [eot]:
+        return list(ids)
+    return [eot, *ids]
+
+
 def document_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     """`<|endoftext|>` then the text's ids: how every document (and prompt) starts."""
-    separator = [] if tokenizer.eot_id is None else [tokenizer.eot_id]
-    return separator + tokenizer.encode_ordinary(text)
+    return document_start(tokenizer, tokenizer.encode_ordinary(text))
 
 
 def encode_texts(

@@ -56,6 +56,7 @@ class TokenShards:
                 "re-tokenize with `lmforge tokenize`"
             )
         self.vocab_size = meta.vocab_size
+        require_val_shard(shard_dir)
         self.val_tokens = load_tokens(shard_dir, "val")
         self.byte_lengths = token_byte_lengths(self.tokenizer)
 
@@ -83,6 +84,16 @@ class TokenShards:
             cfg.batch_size,
             cfg.eval.batches,
             device,
+        )
+
+
+def require_val_shard(shard_dir: str | Path) -> None:
+    """Training validates on the val shard: a folder without one (`lmforge tokenize` of one
+    document, or with --val-fraction 0) is refused before any work."""
+    if "val" not in read_meta(shard_dir).shards:
+        raise LmforgeError(
+            f"token shards in {shard_dir} have no val shard, which training validates on: "
+            "re-tokenize with --val-fraction above 0 and at least two documents"
         )
 
 

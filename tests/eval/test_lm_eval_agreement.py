@@ -8,13 +8,15 @@ task YAMLs over JSONL files, offline) are run by:
 - `lmforge eval`'s own harness.
 Per-example log-likelihoods agree within 1e-4, generations and accuracies exactly.
 
-Two conventions, each checked: the hf backend encodes with the exported tokenizer's own special
-tokens (`<|endoftext|>` first, as in training), lmforge's default; the API backends' remote
-tokenizer adds none, which the hf backend does with `add_bos_token=False` and lmforge with
-`add_bos=False`. The API backends also keep a token for generation and cut requests to
-max_length - 1 tokens and rolling windows to max_length - 2 (lm-eval's api_models.py), so that
-comparison runs the others with max_length = CONTEXT - 2, the windows lm-eval's API backend
-uses against a CONTEXT-token server.
+Every route starts a request with `<|endoftext|>`, lmforge's document start
+(lmforge.tokens.encode.document_start): the hf backend through the exported tokenizer's own
+special tokens, lmforge's harness by default, and the served path through the server's
+`/tokenize`, which lm-eval's remote tokenizer encodes with. lmforge's `add_bos=False` (the hf
+backend's `add_bos_token=False`) leaves it out, checked too. The API backends also keep a
+token for generation and cut requests to max_length - 1 tokens and rolling windows to
+max_length - 2 (lm-eval's api_models.py), so the served path is compared with the others run
+with max_length = CONTEXT - 2, the windows lm-eval's API backend uses against a CONTEXT-token
+server, and on the questions that fit every window also with their full-context scores.
 """
 
 import json
@@ -43,6 +45,7 @@ from lmforge.train.checkpoint import save_checkpoint  # noqa: E402
 
 CONTEXT = 64  # short, so long documents and contexts are cut and windowed
 API_WINDOW = CONTEXT - 2  # what lm-eval's API backends window a CONTEXT-token server's requests to
+LONG_QUESTION = 1  # the multiple-choice question longer than every window
 TASKS = ("agree_mc", "agree_gen", "agree_rolling")
 LINES = [
     "def add(a, b):",
@@ -68,7 +71,7 @@ def _write_tasks(folder):
         for i in range(10)
     ]
     mc[0]["question"] = ""  # an empty context: lm-eval starts it with the prefix token
-    mc[1]["question"] = "\n".join(LINES * 3)  # longer than the window: cut from the left
+    mc[LONG_QUESTION]["question"] = "\n".join(LINES * 3)  # longer than the window: cut
     gen = [{"prompt": LINES[i] + "\n", "target": LINES[(i + 1) % 10]} for i in range(6)]
     rolling = [{"text": "\n".join(LINES[i:] + LINES[:i]) * (1 + i % 3)} for i in range(5)]
     for name, docs in (("mc", mc), ("gen", gen), ("rolling", rolling)):
@@ -236,7 +239,9 @@ def test_lm_eval_with_lmforge_model_class_equals_hf(setup, reference):
     assert _accuracies(results)["agree_mc"] == _accuracies(reference[1])["agree_mc"]
 
 
-def test_lm_eval_local_completions_against_lmforge_serve_equals_hf(setup, reference_no_bos):
+@pytest.fixture(scope="module")
+def served(setup):
+    """lm-eval's `local-completions` against `lmforge serve` on the three tasks."""
     _checkpoint, _, tasks, model, tokenizer = setup
     with (
         Engine(model, tokenizer, max_batch_size=4) as engine,
@@ -246,12 +251,55 @@ def test_lm_eval_local_completions_against_lmforge_serve_equals_hf(setup, refere
             f"base_url={url}/v1/completions,model=tiny,tokenizer_backend=remote,"
             f"tokenized_requests=True,num_concurrent=1,max_retries=1,max_length={CONTEXT}"
         )
-        answers, results = _lm_eval("local-completions", args, tasks)
-    _same(reference_no_bos[0], answers)
-    got, expected = _accuracies(results), _accuracies(reference_no_bos[1])
-    assert got["agree_mc"] == expected["agree_mc"]
-    assert got["agree_gen"] == expected["agree_gen"]
-    assert got["agree_rolling"] == pytest.approx(expected["agree_rolling"], abs=1e-6)
+        yield _lm_eval("local-completions", args, tasks)
+        assert engine.busy_slots == 0 and engine.reserved_kv_tokens == 0
+
+
+def test_lm_eval_local_completions_against_lmforge_serve_equals_lmforge_eval(setup, served):
+    checkpoint, _, tasks, *_ = setup
+    answers, results = served
+    expected, accuracy = _lmforge(checkpoint, tasks, add_bos=True, max_length=API_WINDOW)
+    _same(expected, answers)
+    got = _accuracies(results)
+    assert got["agree_mc"] == accuracy["agree_mc"]
+    assert got["agree_gen"] == accuracy["agree_gen"]
+    assert got["agree_rolling"] == pytest.approx(accuracy["agree_rolling"], abs=1e-6)
+
+
+def test_served_choices_score_as_lmforge_eval_tasks_and_hf_with_the_document_start(
+    setup, served, reference, reference_no_bos, tmp_path, capsys
+):
+    """The served path's per-choice log-likelihoods on the multiple-choice YAML equal those
+    of `lmforge eval --tasks` and of the hf backend (each at its own full context: the
+    questions that fit the API's window), so `<|endoftext|>` comes first on every route."""
+    from lmforge.cli import main
+
+    checkpoint, _, tasks, *_ = setup
+    assert (
+        main(
+            [
+                "eval",
+                "--checkpoint",
+                str(checkpoint),
+                "--tasks",
+                str(tasks / "agree_mc.yaml"),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (tmp_path / "agree_mc.jsonl").read_text().splitlines()]
+    cli = [row["loglikelihoods"] for row in rows]
+    fits = [i for i in range(len(cli)) if i != LONG_QUESTION]
+    got = served[0]["agree_mc"]
+    hf, no_bos = reference[0]["agree_mc"], reference_no_bos[0]["agree_mc"]
+    for i in fits:
+        assert got[i] == pytest.approx(cli[i], abs=1e-4), i
+        assert got[i] == pytest.approx(hf[i], abs=1e-4), i
+    # without the document start the scores differ, so the checks above could tell
+    assert max(abs(a - b) for i in fits for a, b in zip(got[i], no_bos[i], strict=True)) > 1e-3
 
 
 def test_lmforge_eval_harness_lm_eval_runs_a_task_yaml(setup, reference, capsys):

@@ -107,3 +107,25 @@ def test_a_typed_message_gets_a_streamed_greedy_reply(served, page, tmp_path):
     note = page.locator(".message.note")
     assert note.count() == 1 and note.text_content().startswith(f"{dropped} earliest message")
     page.screenshot(path=tmp_path / "chat.png")
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_chats(served, page):
+    from lmforge.infer.server_limits import ServerLimits
+
+    engine, tokenizer, _ = served
+    asked = []
+
+    def answer(dialog):
+        asked.append(dialog.message)
+        dialog.accept("sesame")
+
+    page.on("dialog", answer)
+    app = create_app(engine, tokenizer, "tiny", ServerLimits(api_key="sesame"))
+    with running(app) as url:
+        page.goto(url)  # the page itself needs no key
+        page.wait_for_selector("#send:not([disabled])")
+        assert "tiny" in page.inner_text("#model")
+        reply = send(page, "Hello there", 4)
+        assert page.locator(".message.error").count() == 0
+        assert reply.get_attribute("data-finish") in ("length", "stop")
+    assert len(asked) == 1 and "API key" in asked[0]  # asked once, then kept

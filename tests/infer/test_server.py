@@ -20,6 +20,7 @@ from lmforge.infer.text import prompt_ids
 from lmforge.model import ModelConfig, Transformer
 from lmforge.tokenizer import Tokenizer
 from lmforge.tokenizer.chat_template import ChatTemplate, Message
+from lmforge.tokens.encode import document_start
 
 MODEL = "tiny"
 CONTEXT = 128
@@ -470,6 +471,7 @@ class BrokenEngine:
     """An engine whose every request fails once generation starts."""
 
     max_context = CONTEXT
+    queued_requests = 0
 
     def submit(self, ids, params):
         return BrokenRequest()
@@ -626,7 +628,9 @@ def test_tokenizer_routes_round_trip(base_url, tokenizer):
     assert plain["tokens"] == [tokenizer.eot_id, *tokenizer.encode_ordinary(text[13:])]
     assert plain["count"] == len(plain["tokens"]) and plain["max_model_len"] == CONTEXT
     started = post(base_url, "/tokenize", {"prompt": "def", "model": MODEL}).json()["tokens"]
-    assert started == prompt_ids(tokenizer, "def")  # add_special_tokens: a document start
+    assert started == prompt_ids(tokenizer, "def")  # a document start
+    body = {"prompt": "def", "add_special_tokens": False}  # as lm-eval's remote tokenizer asks
+    assert post(base_url, "/tokenize", body).json()["tokens"] == started
     back = post(base_url, "/detokenize", {"tokens": plain["tokens"]}).json()
     assert back == {"prompt": text}
 
@@ -648,14 +652,15 @@ def test_lm_eval_local_completions_against_the_server(base_url, engine, tokenize
     )
     assert lm.eot_token_id == lm.prefix_token_id == tokenizer.eot_id
     pairs = [("def main(", ")"), ("x = 1 ", "+ 2\n"), ("<|endoftext|>import", " os")]
-    pairs.append(("x = 1", "0on"))  # the tiny model's own greedy continuation
+    greedy = direct(engine, prompt_ids(tokenizer, "x = 1"), max_tokens=2).text
+    pairs.append(("x = 1", greedy))  # the tiny model's own greedy continuation
     requests = [
         Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=0) for pair in pairs
     ]
     got = lm.loglikelihood(requests, disable_tqdm=True)
 
-    def encode(text):
-        return tokenizer.encode(text, allowed_special="all")
+    def encode(text):  # a document start first, as the server's /tokenize gives it
+        return document_start(tokenizer, tokenizer.encode(text, allowed_special="all"))
 
     def encode_pair(context, continuation):  # lm-eval's _encode_pair for a causal model
         n_spaces = len(context) - len(context.rstrip())

@@ -72,3 +72,46 @@ def test_a_split_without_documents_is_an_error_and_leaves_no_shard(prepared, tmp
     with pytest.raises(LmforgeError, match="the val split"):
         tokenize_splits(tokenizer, {"train": iter(["x = 1\n"]), "val": iter([])}, tmp_path, 1)
     assert not list(tmp_path.glob("val.*")) and not (tmp_path / "meta.json").exists()
+
+
+def test_tokenize_writes_a_train_shard_alone_for_one_document_or_no_val_fraction(
+    prepared, tmp_path, capsys
+):
+    import json
+
+    from lmforge.cli import main
+
+    args = ["tokenize", "--tokenizer", str(prepared.tokenizer_dir), "--workers", "1"]
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"id": "only", "text": "def f(x):\n    return x\n"}) + "\n")
+    assert main([*args, "--input", str(one), "--out", str(tmp_path / "one")]) == 0
+    assert sorted(read_meta(tmp_path / "one").shards) == ["train"]
+    assert read_meta(tmp_path / "one").shards["train"]["documents"] == 1
+    assert not (tmp_path / "one" / "val.bin").exists()
+
+    rows = "".join(json.dumps({"id": i, "text": f"x = {i}\n"}) + "\n" for i in "abcdefgh")
+    (tmp_path / "docs.jsonl").write_text(rows)
+    out = tmp_path / "zero"
+    cmd = [*args, "--input", str(tmp_path / "docs.jsonl"), "--out", str(out)]
+    assert main([*cmd, "--val-fraction", "0"]) == 0
+    assert sorted(read_meta(out).shards) == ["train"]
+    assert read_meta(out).shards["train"]["documents"] == 8
+    assert "no val shard" in capsys.readouterr().out
+
+
+def test_training_on_shards_without_a_val_shard_is_a_one_line_error(prepared, tmp_path, capsys):
+    import json
+
+    from lmforge.cli import main
+
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"id": "only", "text": "def f(x):\n    return x\n" * 50}) + "\n")
+    shards = tmp_path / "shards"
+    tokenize = ["tokenize", "--tokenizer", str(prepared.tokenizer_dir), "--workers", "1"]
+    assert main([*tokenize, "--input", str(one), "--out", str(shards)]) == 0
+    capsys.readouterr()
+    train = ["train", "--preset", "tiny", "--data", str(shards), "--max-steps", "1"]
+    assert main([*train, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no val shard" in err and "--val-fraction" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1

@@ -1,7 +1,8 @@
 // The chat page: keeps the conversation, sends it to /v1/chat/completions with stream: true and
 // shows the reply as its server-sent events arrive. It asks the server to leave out the oldest
 // messages when the conversation outgrows the context ("truncate": "oldest") and notes when
-// that happens. No dependencies, no build step.
+// that happens. A server started with an API key answers the API's routes 401 without it: the
+// page then asks for the key once and keeps it for this tab. No dependencies, no build step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -9,6 +10,21 @@ let conversation = [];  // {role, content} messages of this conversation; "New c
 let model = null;
 let controller = null;  // aborts the reply being streamed
 let leftOut = 0;  // messages of this conversation the server has left out so far
+let apiKey = sessionStorage.getItem("lmforge-api-key");  // asked for when the API answers 401
+
+// fetch() of an API route with the key; on 401 asks for the key and tries again.
+async function api(path, options = {}) {
+  for (;;) {
+    const headers = { ...(options.headers || {}) };
+    if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
+    const response = await fetch(path, { ...options, headers });
+    if (response.status !== 401) return response;
+    const key = window.prompt("This server needs its API key (lmforge serve --api-key):");
+    if (!key) return response;
+    apiKey = key.trim();
+    sessionStorage.setItem("lmforge-api-key", apiKey);
+  }
+}
 
 function addMessage(role, text) {
   const div = document.createElement("div");
@@ -26,8 +42,9 @@ function setBusy(busy) {
 
 async function loadModel() {
   try {
-    const response = await fetch("/v1/models");
+    const response = await api("/v1/models");
     const body = await response.json();
+    if (!response.ok) throw new Error(body.error ? body.error.message : response.statusText);
     model = body.data[0].id;
     $("model").textContent = `${model} · context ${body.data[0].max_model_len} tokens`;
   } catch (error) {
@@ -75,7 +92,7 @@ async function send(text) {
   controller = new AbortController();
   setBusy(true);
   try {
-    const response = await fetch("/v1/chat/completions", {
+    const response = await api("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       signal: controller.signal,
