@@ -100,6 +100,7 @@ SURFACE = {
         "--length-penalty",
         "--batch-size",
         "--compile",
+        "--speculative",
         "--device",
     },
     "eval": {
@@ -122,6 +123,7 @@ SURFACE = {
         "--max-batch-size",
         "--model-name",
         "--compile",
+        "--speculative",
         "--device",
         "--api-key",
         "--max-body-bytes",

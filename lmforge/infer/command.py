@@ -62,6 +62,13 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    p.add_argument(
+        "--speculative",
+        metavar="ngram|CHECKPOINT",
+        help="draft tokens and check them in one forward, output unchanged: 'ngram' (prompt "
+        "lookup, best where the output repeats its context) or a smaller checkpoint with the "
+        "same tokenizer as the draft model",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.set_defaults(func=cmd_generate)
 
@@ -85,6 +92,13 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="torch.compile the decode step: faster tokens, after a compile the first time a "
         "step runs 1, 2, 4, ... requests (about 10 s each for the speedrun's model on a CPU)",
+    )
+    p.add_argument(
+        "--speculative",
+        metavar="ngram|CHECKPOINT",
+        help="draft tokens and check them in one forward, output unchanged: 'ngram' (prompt "
+        "lookup, best where the output repeats its context) or a smaller checkpoint with the "
+        "same tokenizer as the draft model",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     guard = p.add_argument_group("access and limits")
@@ -169,6 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         compile=args.compile,
         device=args.device,
         adapter=args.adapter,
+        speculative=args.speculative,
     )
     return 0
 
@@ -198,6 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         adapter=args.adapter,
         limits=limits,
         shutdown_timeout=args.shutdown_timeout,
+        speculative=args.speculative,
     )
     return 0
 

@@ -277,8 +277,8 @@ class Engine:
 
     @property
     def queued_requests(self) -> int:
-        """Requests submitted and waiting for a batch slot (not yet admitted)."""
-        return len(self._queue)
+        """Requests submitted and not running: new ones, and preempted ones waiting for blocks."""
+        return len(self._incoming) + len(self.scheduler.waiting)
 
     @property
     def reserved_kv_tokens(self) -> int:

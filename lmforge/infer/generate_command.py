@@ -24,7 +24,7 @@ from lmforge.errors import LmforgeError
 from lmforge.infer.beam import beam_search
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.text import prompt_ids
-from lmforge.infer.weight_layouts import load_for_decode
+from lmforge.infer.weight_layouts import load_drafter, load_for_decode
 
 # The sampling flags' defaults. The parser leaves them None, so a flag the user passed can be
 # told from one left alone, even when passed with its default value.
@@ -153,6 +153,7 @@ def run_generate(
     device: str = "cpu",
     out: TextIO | None = None,
     adapter: str | None = None,
+    speculative: str | None = None,
 ) -> None:
     """Complete each prompt: streamed text when `stream` (one prompt), else JSON lines."""
     out = sys.stdout if out is None else out
@@ -178,7 +179,12 @@ def run_generate(
         return
     slots = min(batch_size, len(ids))  # one prompt: a batch-1 engine, laid out for that
     with Engine(
-        model, tokenizer, max_batch_size=slots, compile=compile, relayout_weights=True
+        model,
+        tokenizer,
+        max_batch_size=slots,
+        compile=compile,
+        relayout_weights=True,
+        speculative=load_drafter(speculative, device),
     ) as engine:
         if stream:
             out.write(prompts[0])

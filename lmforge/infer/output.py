@@ -86,6 +86,11 @@ class RequestHandle:
         """Stop generating; the slot and its KV budget are freed before the next step."""
         self._cancel(self)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache (known once the request finished)."""
+        return self._completion.cached_tokens if self._completion is not None else 0
+
     def result(self) -> Completion:
         """The finished request (blocks until then)."""
         for _ in self:

@@ -56,7 +56,7 @@ from lmforge.infer.server_limits import (
     exposure_warning,
 )
 from lmforge.infer.text import prompt_ids
-from lmforge.infer.weight_layouts import load_for_decode
+from lmforge.infer.weight_layouts import load_drafter, load_for_decode
 from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.tokenizer.tokenizer import EOT
 from lmforge.tokens.encode import document_start
@@ -104,6 +104,7 @@ class _Choice:
     index: int
     handle: RequestHandle | None  # None when there is nothing to generate (max_tokens 0)
     stripper: ReplyStripper
+    prompt: int = 0  # which of the call's prompts it continues
     alternatives: int = 0  # how many likeliest tokens each token's logprobs list
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -177,7 +178,14 @@ class _Job:
             task.cancel()
 
     def usage(self) -> dict:
-        return api.usage(self.prompt_tokens, sum(len(c.token_ids) for c in self.choices))
+        """Token counts; cached: the prompt tokens whose keys and values the prefix cache held
+        (the most any choice of a prompt found, for each prompt)."""
+        cached: dict[int, int] = {}
+        for c in self.choices:
+            if c.handle is not None:
+                cached[c.prompt] = max(cached.get(c.prompt, 0), c.handle.cached_tokens)
+        completion = sum(len(c.token_ids) for c in self.choices)
+        return api.usage(self.prompt_tokens, completion, sum(cached.values()))
 
 
 class _EventStream(StreamingResponse):
@@ -330,9 +338,11 @@ class _Server:
         at "length"); on a refused one, cancel those already sent."""
         choices: list[_Choice] = []
         try:
+            prompts: dict[tuple[int, ...], int] = {}
             for index, (ids, params) in enumerate(requests):
                 handle = self.engine.submit(ids, params) if params.max_tokens else None
                 choice = _Choice(index, handle, strip(), params.top_logprobs)
+                choice.prompt = prompts.setdefault(tuple(ids), len(prompts))
                 choice.finish_reason = None if handle else "length"
                 choices.append(choice)
         except LmforgeError as e:
@@ -785,6 +795,7 @@ def serve(
     adapter: str | Path | None = None,
     limits: ServerLimits | None = None,
     shutdown_timeout: float = 30.0,
+    speculative: str | None = None,
 ) -> None:
     """`lmforge serve`: load a checkpoint (and a LoRA adapter) and serve it until Ctrl-C.
 
@@ -801,7 +812,12 @@ def serve(
     model, tokenizer = load_for_decode(checkpoint, device, adapter)
     name = model_name or Path(checkpoint).resolve().name
     engine = Engine(
-        model, tokenizer, max_batch_size=max_batch_size, compile=compile, relayout_weights=True
+        model,
+        tokenizer,
+        max_batch_size=max_batch_size,
+        compile=compile,
+        relayout_weights=True,
+        speculative=load_drafter(speculative, device),
     )
     with engine:
         app = create_app(engine, tokenizer, name, limits)

@@ -129,6 +129,14 @@ def load_for_decode(
     return model.to(decode_dtype(saved_dtype(checkpoint), placed)), tokenizer
 
 
+def load_drafter(speculative: str | None, device: torch.device | str = "cpu"):
+    """What `--speculative` names for the engine: None, "ngram" (prompt lookup), or the model
+    of a smaller checkpoint (a path) that drafts with the same tokenizer."""
+    if speculative is None or speculative == "ngram":
+        return speculative
+    return load_for_decode(speculative, device)[0]
+
+
 def decode_layout(
     weight: torch.Tensor,
     batch_size: int,

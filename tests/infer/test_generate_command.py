@@ -58,6 +58,14 @@ def test_one_prompt_streams_its_continuation(checkpoint, capsys):
     assert out == "def f(" + record["completion"] + "\n"
 
 
+def test_speculative_decoding_leaves_greedy_text_unchanged(checkpoint, capsys):
+    args = ["--prompt", "def main(", "--max-new-tokens", 30, "--temperature", 0]
+    plain = generate(capsys, checkpoint, *args)
+    assert generate(capsys, checkpoint, *args, "--speculative", "ngram") == plain
+    # The checkpoint drafting for itself: every draft is kept, the text is the same.
+    assert generate(capsys, checkpoint, *args, "--speculative", checkpoint) == plain
+
+
 def test_beams_are_printed_best_first(checkpoint, capsys):
     out = generate(capsys, checkpoint, "--prompt", "x", "--beams", 3, "--max-new-tokens", 4)
     beams = json.loads(out)["beams"]

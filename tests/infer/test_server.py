@@ -679,3 +679,22 @@ def test_lm_eval_local_completions_against_the_server(base_url, engine, tokenize
     generation = Instance(request_type="generate_until", doc={}, arguments=("x = [", until), idx=0)
     (text,) = lm.generate_until([generation], disable_tqdm=True)
     assert text == direct(engine, encode("x = ["), max_tokens=8, stop=("\n",)).text
+
+
+def test_chat_turns_report_the_prompt_tokens_the_prefix_cache_held(client):
+    system = {"role": "system", "content": "You answer in one word, politely. "}
+    messages = [system, {"role": "user", "content": "Name a colour."}]
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0
+    )
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And another?"},
+    ]
+    second = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0
+    )
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # The first turn's prompt (its full blocks of 16) came from the cache, not the new message.
+    assert first.usage.prompt_tokens - 16 < cached < second.usage.prompt_tokens
+    assert cached % 16 == 0
