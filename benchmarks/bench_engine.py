@@ -170,31 +170,38 @@ def speculative_part(checkpoint: str, draft: str | None, args: argparse.Namespac
         sides["draft model"] = Engine(
             model, tokenizer, max_batch_size=1, speculative=small.float().eval()
         )
-    for engine in sides.values():  # warm-up
-        engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0))
-    rates: dict[str, list[float]] = {name: [] for name in sides}
-    outputs: dict[str, list[list[int]]] = {}
-    for _ in range(args.reps):
-        for name, engine in sides.items():
-            started = time.perf_counter()
-            done = [engine.generate([p], params)[0] for p in prompts]
-            wall = time.perf_counter() - started
-            rates[name].append(sum(len(c.token_ids) for c in done) / wall)
-            outputs[name] = [c.token_ids for c in done]
     rows = []
-    for name, engine in sides.items():
-        ratios = [r / p for r, p in zip(rates[name], rates["plain"], strict=True)]
-        rows.append(
-            {
-                "side": name,
-                "tokens_per_s": round(statistics.median(rates[name]), 1),
-                "tokens_per_s_all": [round(r, 1) for r in rates[name]],
-                "vs_plain": round(statistics.median(ratios), 2),
-                "acceptance_rate": round(engine.acceptance_rate, 3) if name != "plain" else None,
-                "identical_to_plain": outputs[name] == outputs["plain"],
-            }
-        )
+    for threads in args.spec_threads:
+        torch.set_num_threads(threads)
+        for engine in sides.values():  # warm-up
+            engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0))
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        outputs: dict[str, list[list[int]]] = {}
+        for _ in range(args.reps):
+            for name, engine in sides.items():
+                started = time.perf_counter()
+                done = [engine.generate([p], params)[0] for p in prompts]
+                wall = time.perf_counter() - started
+                rates[name].append(sum(len(c.token_ids) for c in done) / wall)
+                outputs[name] = [c.token_ids for c in done]
+        for name, engine in sides.items():
+            ratios = [r / p for r, p in zip(rates[name], rates["plain"], strict=True)]
+            rows.append(
+                {
+                    "side": name,
+                    "threads": threads,
+                    "tokens_per_s": round(statistics.median(rates[name]), 1),
+                    "tokens_per_s_all": [round(r, 1) for r in rates[name]],
+                    "vs_plain": round(statistics.median(ratios), 2),
+                    "acceptance_rate": round(engine.acceptance_rate, 3)
+                    if name != "plain"
+                    else None,
+                    "identical_to_plain": outputs[name] == outputs["plain"],
+                }
+            )
+    for engine in sides.values():
         engine.close()
+    torch.set_num_threads(args.threads)
     return {
         "checkpoint": str(checkpoint),
         "draft": str(draft) if draft else None,
@@ -213,6 +220,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="trained run folder or checkpoint (part 3)")
     parser.add_argument("--draft", help="a smaller trained checkpoint, same tokenizer (part 3)")
     parser.add_argument("--shards", help="the token shards of --checkpoint's run (part 3)")
+    parser.add_argument(
+        "--spec-threads",
+        type=lambda text: [int(t) for t in text.split(",")],
+        default=[1, 2],
+        help="torch threads for part 3, each measured (a small model decodes fastest on one)",
+    )
     parser.add_argument("--spec-prompts", type=int, default=8)
     parser.add_argument("--spec-prompt-tokens", type=int, default=128)
     parser.add_argument("--spec-new-tokens", type=int, default=64)
@@ -252,7 +265,8 @@ def main() -> None:
            if "prefix_caching" in out else {}),
         **({"concurrent_vs_slot_cache": out["paged_memory"]["concurrent_vs_slot_cache"]}
            if "paged_memory" in out else {}),
-        **({f"{r['side']}_vs_plain": r["vs_plain"] for r in out["speculative"]["rows"]}
+        **({f"{r['side']} vs plain, {r['threads']} thread(s)": r["vs_plain"]
+            for r in out["speculative"]["rows"] if r["side"] != "plain"}
            if "speculative" in out else {}),
     }  # fmt: skip
     write_json(RESULTS, {**previous, **out})

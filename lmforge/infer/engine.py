@@ -18,10 +18,11 @@ their result or error comes back through a concurrent Future.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -295,14 +296,43 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
         """Queue a request; its tokens arrive through the returned handle."""
+        request = self._request(prompt_ids, params)
+        self._enqueue(lambda: self._incoming.append(request))
+        return request.handle
+
+    def run_here(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ) -> Iterator[TokenEvent]:
+        """One request run on the caller's thread, a step at a time, each step inside
+        `around()`: its events as each step makes them. For an engine that serves nothing
+        else (lmforge.infer.generate); its background thread never starts."""
+        if self._thread is not None:
+            raise LmforgeError("this engine runs on its own thread: submit() to it instead")
+        request = self._request(prompt_ids, params)
+        self._requests[request.seq] = request
+        self.scheduler.add(request.seq)
+        events = request.handle._events
+        seen = 0
+        while True:
+            with around():
+                self._step()
+            while seen < len(events):
+                seen += 1
+                yield events[seen - 1]
+                if events[seen - 1].finish_reason is not None:
+                    return
+
+    def _request(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
         params.validate(self.max_context)
         self._check_prompt(prompt_ids, params)
-        handle = RequestHandle(self._cancel)
         seed = self._seeds.getrandbits(63) if params.seed is None else params.seed
         request = _Request(
             seq=Tokens(list(prompt_ids), max_len=len(prompt_ids) + params.max_tokens),
             params=params,
-            handle=handle,
+            handle=RequestHandle(self._cancel),
             generator=torch.Generator(self.device).manual_seed(seed),
             stops=frozenset(params.stop_ids) | self._specials,
             text=TextAssembler(params.stop),
@@ -312,8 +342,7 @@ class Engine:
             request.seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
             request.seen[torch.tensor(prompt_ids, device=self.device)] = True
             request.counts = torch.zeros(self.vocab_size, device=self.device)
-        self._enqueue(lambda: self._incoming.append(request))
-        return handle
+        return request
 
     def submit_score(
         self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], top_n: int = 0
@@ -511,6 +540,8 @@ class Engine:
                 ready.append(self._requests[seq])
                 rows.append(logits)
         k = self._draft_length(step.decodes)
+        proposed = self.proposer.propose(step.decodes, k) if k else []
+        k = max(map(len, proposed), default=0)  # no draft anywhere: decode plainly
         if step.decodes and not k:
             rows.append(self.runner.decode(step.decodes))
             for seq in step.decodes:
@@ -521,7 +552,7 @@ class Engine:
             logprobs = None if logprobs is None else logprobs[:, None]
             self._emit(ready, [[t] for t in tokens.tolist()], tokens[:, None], logprobs)
         if step.decodes and k:
-            self._speculate(step.decodes, k)
+            self._speculate(step.decodes, proposed, k)
 
     def _sampling(self, requests: list[_Request]) -> SamplingBatch:
         """The requests' settings stacked; the last step's while the requests are the same."""
@@ -539,20 +570,21 @@ class Engine:
         room = min(seq.max_len - len(seq.tokens) for seq in decodes)
         return max(0, min(self.speculative_tokens, room - 1))
 
-    def _speculate(self, decodes: list[Tokens], k: int) -> None:
-        """Draft k tokens for each sequence, verify them in one forward, keep what `accept`
+    def _speculate(self, decodes: list[Tokens], proposed: list[list[int]], k: int) -> None:
+        """Verify each sequence's drafts (padded to k) in one forward; keep what `accept`
         keeps."""
         drafts = [
-            (row + [seq.tokens[-1]] * k)[:k]  # a short draft is padded; padding is checked too
-            for seq, row in zip(decodes, self.proposer.propose(decodes, k), strict=True)
+            (row + [seq.tokens[-1]] * k)[:k] for seq, row in zip(decodes, proposed, strict=True)
         ]
         logits = self.runner.verify(decodes, drafts)
         requests = [self._requests[seq] for seq in decodes]
         batch = self._sampling(requests)
         kept, chosen = accept(logits, torch.tensor(drafts, device=self.device), batch)
         logprobs = logits.float().log_softmax(dim=-1) if batch.logprobs else None
-        self.drafted_tokens += k * len(decodes)
-        self.accepted_tokens += sum(len(tokens) - 1 for tokens in kept)
+        self.drafted_tokens += sum(map(len, proposed))
+        self.accepted_tokens += sum(
+            min(len(row) - 1, len(draft)) for row, draft in zip(kept, proposed, strict=True)
+        )
         finished = self._emit(requests, kept, chosen, logprobs)
         for seq, tokens, request in zip(decodes, kept, requests, strict=True):
             if request not in finished:

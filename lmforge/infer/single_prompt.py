@@ -1,16 +1,16 @@
-"""Autoregressive generation for one prompt: prefill once into a KV cache, then token by token."""
+"""Generation for one prompt, as a function: the engine's one decode path, run on the caller's
+thread a step at a time (Engine.run_here), with no server or batch around it."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.infer.sampling import check_sampling_args, sample_next_token
-from lmforge.model.cache import KVCache
+from lmforge.infer.sampling import check_sampling_args
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
@@ -39,7 +39,6 @@ def stream(
     top_p: float | None = None,
     seed: int | None = None,
     stop_ids: Collection[int] = (),
-    use_cache: bool = True,
 ) -> Iterator[int]:
     """Yield up to max_new_tokens new token ids, one at a time.
 
@@ -54,9 +53,7 @@ def stream(
         raise LmforgeError(f"max_new_tokens={max_new_tokens} is negative: use 0 or more")
     check_sampling_args(temperature, top_k, top_p)
     # Checked above, before the first next(): the body below runs lazily.
-    return _stream(
-        model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_ids, use_cache
-    )
+    return _stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_ids)
 
 
 def _stream(
@@ -68,27 +65,36 @@ def _stream(
     top_p: float | None,
     seed: int | None,
     stop_ids: Collection[int],
-    use_cache: bool,
 ) -> Iterator[int]:
+    from lmforge.infer.engine import BLOCK_SIZE, Engine, SamplingParams  # the engine imports text
+
     max_seq_len = model.config.max_seq_len
     ids = list(prompt_ids)[-max(1, max_seq_len - 1) :]  # leave room for one new token
     n_steps = min(max_new_tokens, max_seq_len - len(ids))
     if n_steps <= 0:
         return
-    device = model.tok_embeddings.weight.device
-    generator = None if seed is None else torch.Generator(device).manual_seed(seed)
-    cache = KVCache.for_model(model, 1, max_seq_len=len(ids) + n_steps) if use_cache else None
-    pending = ids  # tokens the model has not seen yet
-    for _ in range(n_steps):
-        with _inference(model):
-            x = torch.tensor([pending if use_cache else ids], dtype=torch.long, device=device)
-            logits = model(x, cache)[:, -1]
-            token = int(sample_next_token(logits, temperature, top_k, top_p, generator)[0])
-        yield token
-        if token in stop_ids:
-            return
-        ids.append(token)
-        pending = [token]
+    params = SamplingParams(
+        max_tokens=n_steps,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop_ids=tuple(stop_ids),
+    )
+    with _inference(model):  # the engine puts the model in eval mode; restored after
+        blocks = -(-(len(ids) + n_steps) // BLOCK_SIZE)
+        engine = Engine(model, _Ids(), max_batch_size=1, max_kv_tokens=blocks * BLOCK_SIZE)
+    for event in engine.run_here(ids, params, lambda: _inference(model)):
+        yield event.token_id
+
+
+class _Ids:
+    """No text and no special tokens: a stream yields ids and stops only at `stop_ids`."""
+
+    special_tokens: ClassVar[dict[str, int]] = {}
+
+    def token_bytes(self, token: int) -> bytes:
+        return b""
 
 
 def generate(
@@ -101,7 +107,6 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     stop_ids: Collection[int] = (),
-    use_cache: bool = True,
 ) -> list[int]:
     """The new token ids (not the prompt); see stream for the stopping rules."""
     return list(
@@ -114,6 +119,5 @@ def generate(
             top_p=top_p,
             seed=seed,
             stop_ids=stop_ids,
-            use_cache=use_cache,
         )
     )

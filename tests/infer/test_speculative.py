@@ -63,9 +63,7 @@ def test_greedy_output_is_identical_with_drafts(model, draft):
     with Engine(model, ByteTokenizer(), max_batch_size=4) as engine:
         plain = engine.generate(PROMPTS, params)
     calls, handle = count_forwards(model)
-    with Engine(
-        model, ByteTokenizer(), max_batch_size=4, speculative=speculative[draft]
-    ) as engine:
+    with Engine(model, ByteTokenizer(), max_batch_size=4, speculative=speculative[draft]) as engine:
         drafted = engine.generate(PROMPTS, params)
         one = engine.generate(PROMPTS[:1], params)  # batch 1 as well
         rate = engine.acceptance_rate
