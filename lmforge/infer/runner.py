@@ -3,8 +3,9 @@
 `prefill` computes one chunk of one sequence's tokens from its position on; `decode` computes
 the newest token of many sequences at once, each at its own position, and can be compiled: the
 rows are padded to a power of two (padding rows write to the null block) and the block tables'
-width is symbolic, so a growing context does not recompile. Which tokens to compute, and in
-which blocks, is the scheduler's business (lmforge.infer.scheduler).
+width is symbolic, so a growing context does not recompile. A decode batch's blocks are gathered
+once, with room to grow, and reused while the batch stays the same (PagedKVCache.bind). Which
+tokens to compute, and in which blocks, is the scheduler's business (lmforge.infer.scheduler).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import torch
 
 from lmforge.infer.blocks import NULL_BLOCK
 from lmforge.infer.kv_cache import PagedKVCache
+
+# Blocks a decode batch's gathered cache has room for beyond its longest table: each sequence
+# grows into them before the batch is gathered again.
+GROWTH_BLOCKS = 4
 
 if TYPE_CHECKING:
     from lmforge.infer.scheduler import Sequence
@@ -31,6 +36,7 @@ class ModelRunner:
         self.max_rows = max_rows
         self.compiled = compile
         self._step = self._compile() if compile else self._forward
+        self._batch: tuple | None = None  # the decode batch whose blocks the cache has gathered
 
     def prefill(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         """Compute seq.tokens[start:end] into its blocks; the logits (1, vocab) after the last."""
@@ -45,19 +51,43 @@ class ModelRunner:
         if self.compiled:  # one compiled graph per power of two
             rows = min(self.max_rows, 1 << (rows - 1).bit_length())
         pad = rows - len(seqs)
-        tokens = [[s.tokens[-1]] for s in seqs] + [[0]] * pad
-        positions = [s.computed for s in seqs] + [0] * pad
+        reuse = self._batch_unchanged(seqs, rows)
+        if not reuse:  # gather the batch's blocks again, with room to grow into
+            width = max(len(s.blocks) for s in seqs) + GROWTH_BLOCKS
+            self._batch = (list(seqs), [list(s.blocks) for s in seqs], rows, width)
+        width = self._batch[3]
+        tables = [s.blocks + [NULL_BLOCK] * (width - len(s.blocks)) for s in seqs]
         self.cache.bind(
-            self._tables([s.blocks for s in seqs] + [[NULL_BLOCK]] * pad),
-            torch.tensor(positions, device=self.device),
+            torch.tensor(tables + [[NULL_BLOCK] * width] * pad, device=self.device),
+            torch.tensor([s.computed for s in seqs] + [0] * pad, device=self.device),
             1,
+            reuse=reuse,
         )
+        tokens = [[s.tokens[-1]] for s in seqs] + [[0]] * pad
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         return self._step(ids)[: len(seqs)]
+
+    def _batch_unchanged(self, seqs: list[Sequence], rows: int) -> bool:
+        """Whether the last decode batch's gathered cache still serves these sequences: the
+        same ones in the same order, each holding the blocks it held then and maybe more,
+        within the width gathered."""
+        if self._batch is None:
+            return False
+        last, blocks, last_rows, width = self._batch
+        return (
+            rows == last_rows
+            and len(seqs) == len(last)
+            and all(a is b for a, b in zip(seqs, last, strict=True))
+            and all(
+                len(s.blocks) <= width and s.blocks[: len(held)] == held
+                for s, held in zip(seqs, blocks, strict=True)
+            )
+        )
 
     def verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
         """Compute each sequence's newest token and its k drafts (all rows k long); the logits
         (len(seqs), k + 1, vocab) after each of them."""
+        self._batch = None  # this bind gathers a batch of its own
         tokens = [[s.tokens[-1], *d] for s, d in zip(seqs, drafts, strict=True)]
         positions = torch.tensor([s.computed for s in seqs], device=self.device)
         self.cache.bind(self._tables([s.blocks for s in seqs]), positions, len(tokens[0]))
