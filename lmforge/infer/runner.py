@@ -19,7 +19,7 @@ from lmforge.infer.kv_cache import PagedKVCache
 
 # Blocks a decode batch's gathered cache has room for beyond its longest table: each sequence
 # grows into them before the batch is gathered again.
-GROWTH_BLOCKS = 4
+GROWTH_BLOCKS = 1
 
 if TYPE_CHECKING:
     from lmforge.infer.scheduler import Sequence
