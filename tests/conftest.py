@@ -11,6 +11,11 @@ os.environ.setdefault("LMFORGE_PROGRESS", "0")
 # spinning thread holds the core the thread it waits for needs: a tiny model's training step
 # took 10x longer in wall time, and 14x the CPU, with two such processes side by side.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Inductor compiles the C++ kernels in this process, one after another. Otherwise, with triton
+# installed, the first compile in each process starts a pool of compile workers (a sidecar and
+# one process per core, each importing torch) that CPU kernels never use: 3 to 10 s of CPU per
+# test process that compiles, taken from the other worker.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -132,11 +132,11 @@ def _lmforge(shard_dir, out):
         "--device",
         "cpu",
         "--max-steps",
-        "200",
+        "100",
         "--set",
-        "train.checkpoint.every=50",
+        "train.checkpoint.every=20",
         "--set",
-        "train.eval.every=100",
+        "train.eval.every=50",
         "--set",
         "train.loader.kind=sequential",
     ]
@@ -152,7 +152,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(prepared, tmp_
         stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 240
-    while not (killed / "checkpoints" / "step_50").exists():
+    while not (killed / "checkpoints" / "step_20").exists():
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no periodic checkpoint within 4 minutes"
         time.sleep(0.02)
@@ -160,7 +160,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(prepared, tmp_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
-    assert not (killed / "checkpoints" / "step_200").exists()
+    assert not (killed / "checkpoints" / "step_100").exists()
 
     resumed = subprocess.run(_lmforge(prepared.shard_dir, killed), env=env, capture_output=True)
     assert resumed.returncode == 0, resumed.stderr.decode()
@@ -174,5 +174,5 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(prepared, tmp_
             for r in read_metrics(run / "metrics.jsonl")
         ]
 
-    assert len(trajectory(straight)) == 200 // 10 + 2  # log lines, evaluations at 100 and 200
+    assert len(trajectory(straight)) == 100 // 10 + 2  # log lines, evaluations at 50 and 100
     assert trajectory(killed) == trajectory(straight)
