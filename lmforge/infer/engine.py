@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["Completion", "Engine", "RequestHandle", "SamplingParams", "TokenEvent"]
 
 BLOCK_SIZE = 16  # token positions per KV block
-STEP_TOKENS = 512  # tokens a step computes at most: decodes first, then prefill chunks
+STEP_TOKENS = 2048  # tokens a step computes at most: decodes first, then prefill chunks
 
 
 @dataclass

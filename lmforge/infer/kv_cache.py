@@ -31,21 +31,23 @@ __all__ = ["KVCache", "PagedKVCache"]
 class PagedKVCache:
     """`n_blocks` blocks of `block_size` positions for each layer's keys and values."""
 
-    def __init__(self, model: Transformer, n_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: Transformer, n_blocks: int, block_size: int, compiled: bool = False
+    ) -> None:
         c = model.config
         weight = model.tok_embeddings.weight
         self.block_size = block_size
         self.n_blocks = n_blocks
-        shape = (c.kv_heads, n_blocks, block_size, c.head_dim)
-        self.k = [torch.zeros(shape, dtype=weight.dtype, device=weight.device)]
-        self.k += [torch.zeros_like(self.k[0]) for _ in range(c.n_layers - 1)]
-        self.v = [torch.zeros_like(self.k[0]) for _ in range(c.n_layers)]
+        shape = (c.n_layers, c.kv_heads, n_blocks, block_size, c.head_dim)
+        self.pools = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in "kv"]
+        self.k, self.v = list(self.pools[0]), list(self.pools[1])  # each layer's view
         self.device = weight.device
+        self.compiled = compiled  # read by a compiled step: keep its width symbolic
         self.pos: int | torch.Tensor = 0
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in self.pools)
 
     def bind(
         self,
@@ -53,39 +55,42 @@ class PagedKVCache:
         positions: torch.Tensor | int,
         n_new: int,
         reuse: bool = False,
+        kv_len: int | None = None,
     ) -> None:
         """Run the next forward over rows whose block tables are `tables` (B, W), each writing
         n_new tokens from its own position on (`positions` (B,), or one int for one row).
 
         The rows' keys and values are gathered from the pool once, here, into a copy that the
-        forward reads and also writes its new tokens to. `reuse`: the rows are the last
+        forward reads; its new tokens are written to both. `reuse`: the rows are the last
         per-row-positions bind's, in the same order, with the same blocks but for ones added
-        since (a decode batch a step later): that copy is still current and is read again,
-        not gathered, so a steady decode batch gathers its cache once, not every step."""
+        since (a decode batch a step later): that copy is still current and is read again, not
+        gathered, so a steady decode batch gathers its cache once, not every step. `kv_len`:
+        attend over that many positions only (the longest row's), not the tables' whole width."""
         rows = tables.shape[0]
         start = torch.as_tensor(positions, device=self.device).reshape(-1, 1)
         steps = start + torch.arange(n_new, device=self.device)  # (B, T)
-        self._write_block = tables.gather(1, steps // self.block_size).flatten()
-        self._write_offset = (steps % self.block_size).flatten()
-        self._write_row = torch.arange(rows, device=self.device).repeat_interleave(n_new)
-        self._write_pos = steps.flatten()
+        blocks = tables.gather(1, steps // self.block_size)
+        self._pool_index = (blocks * self.block_size + steps % self.block_size).flatten()
         self._rows, self._n_new = rows, n_new
         self.pos = positions
-        self._kv_len = positions + n_new if isinstance(positions, int) else None
+        self._kv_len = positions + n_new if isinstance(positions, int) else kv_len
         if reuse:
             self._copy = self._decode_copy
-            return
-        read = tables.flatten()
-        self._copy = [
-            [self._gather(pool, read, rows) for pool in pools] for pools in (self.k, self.v)
-        ]
-        if self._kv_len is None:  # a batch of rows, each at its own position: kept for reuse
-            self._decode_copy = self._copy
+        else:
+            read = tables.flatten()
+            self._copy = [self._gather(pool, read, rows) for pool in self.pools]
+            if not isinstance(positions, int):  # a batch of rows, each at its own position
+                self._decode_copy = self._copy
+        width = self._copy[0].shape[3]
+        row_starts = torch.arange(rows, device=self.device)[:, None] * width
+        self._copy_index = (row_starts + steps).flatten()
 
     def _gather(self, pool: torch.Tensor, read: torch.Tensor, rows: int) -> torch.Tensor:
-        h, _, _, d = pool.shape
-        copy = pool.index_select(1, read).view(h, rows, -1, d).transpose(0, 1)
-        torch._dynamo.maybe_mark_dynamic(copy, 2)  # a compiled step: any number of blocks
+        """(layers, H_kv, B, W * block_size, D): every layer's blocks of each row, in order."""
+        n_layers, h, _, _, d = pool.shape
+        copy = pool.index_select(2, read).view(n_layers, h, rows, -1, d)
+        if self.compiled:  # any number of blocks, one graph (importing dynamo otherwise costs)
+            torch._dynamo.maybe_mark_dynamic(copy, 3)
         return copy
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
@@ -98,20 +103,22 @@ class PagedKVCache:
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, H_kv, T, D) into the pool through the bound tables and into the bound
-        rows' copy; return that copy's keys and values (B, H_kv, W * block_size, D)."""
-        _, h, _, d = k.shape
+        """Write k, v (B, H_kv, T, D) into the bound rows' copy; return its keys and values
+        (B, H_kv, S, D)."""
         out = []
-        for pool, copy, new in ((self.k[layer], self._copy[0][layer], k),
-                                (self.v[layer], self._copy[1][layer], v)):  # fmt: skip
-            pool[:, self._write_block, self._write_offset] = new.transpose(0, 1).reshape(h, -1, d)
-            copy[self._write_row, :, self._write_pos] = new.transpose(1, 2).reshape(-1, h, d)
-            out.append(copy if self._kv_len is None else copy[:, :, : self._kv_len])
+        for pool, copy, new in zip(self.pools, self._copy, (k, v), strict=True):
+            _, h, _, _, d = pool.shape
+            new = new.transpose(0, 1).reshape(h, -1, d)  # (H_kv, B * T, D)
+            pool[layer].view(h, -1, d).index_copy_(1, self._pool_index, new)
+            rows = copy[layer]  # (H_kv, B, S, D)
+            rows.view(h, -1, d).index_copy_(1, self._copy_index, new)
+            rows = rows.transpose(0, 1)
+            out.append(rows if self._kv_len is None else rows[:, :, : self._kv_len])
         return out[0], out[1]
 
     def advance(self, n: int) -> None:
         """Positions belong to the engine, which moves each sequence on its own."""
 
     def copy_block(self, source: int, target: int) -> None:
-        for pool in self.k + self.v:
-            pool[:, target] = pool[:, source]
+        for pool in self.pools:
+            pool[:, :, target] = pool[:, :, source]

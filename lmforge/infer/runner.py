@@ -32,7 +32,7 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.device = model.tok_embeddings.weight.device
-        self.cache = PagedKVCache(model, n_blocks, block_size)
+        self.cache = PagedKVCache(model, n_blocks, block_size, compile)
         self.max_rows = max_rows
         self.compiled = compile
         self._step = self._compile() if compile else self._forward
@@ -57,11 +57,13 @@ class ModelRunner:
             self._batch = (list(seqs), [list(s.blocks) for s in seqs], rows, width)
         width = self._batch[3]
         tables = [s.blocks + [NULL_BLOCK] * (width - len(s.blocks)) for s in seqs]
+        positions = [s.computed for s in seqs]
         self.cache.bind(
             torch.tensor(tables + [[NULL_BLOCK] * width] * pad, device=self.device),
-            torch.tensor([s.computed for s in seqs] + [0] * pad, device=self.device),
+            torch.tensor(positions + [0] * pad, device=self.device),
             1,
             reuse=reuse,
+            kv_len=None if self.compiled else max(positions) + 1,  # compiled: symbolic width
         )
         tokens = [[s.tokens[-1]] for s in seqs] + [[0]] * pad
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)

@@ -101,9 +101,10 @@ class Scheduler:
     def schedule(self) -> Step:
         step = Step()
         budget = self.max_step_tokens
-        for seq in list(self.running):
-            if seq not in self.running:  # preempted for an older one in this step
-                continue
+        i = 0
+        while i < len(self.running):  # preemption takes from the end: the newest, not yet seen
+            seq = self.running[i]
+            i += 1
             if seq.pending > 1:
                 self._extend_from_cache(seq)
             n = min(seq.pending, budget)
@@ -119,14 +120,20 @@ class Scheduler:
                 step.decodes.append(seq)
             else:
                 step.chunks.append(Chunk(seq, seq.computed, seq.computed + n))
+        prefilled: dict[tuple[int, ...], Chunk] = {}  # whole prompts computed in this step
         while self.waiting and len(self.running) < self.max_seqs and not step.preempted:
-            chunk = self._fork(self.waiting[0], step) or self._admit(self.waiting[0], budget)
+            seq = self.waiting[0]
+            source = prefilled.get(tuple(seq.tokens))
+            chunk = self._fork(seq, source) if source else self._admit(seq, budget)
             if chunk is None:
                 break
             self.waiting.popleft()
-            self.running.append(chunk.seq)
+            self.running.append(seq)
             step.chunks.append(chunk)
-            budget -= 0 if chunk.source else chunk.end - chunk.start
+            if chunk.source is None:
+                budget -= chunk.end - chunk.start
+                if chunk.completes:
+                    prefilled[tuple(seq.tokens)] = chunk
         return step
 
     def finish(self, seq: Sequence) -> None:
@@ -208,20 +215,17 @@ class Scheduler:
             return None
         return Chunk(seq, seq.computed, end)
 
-    def _fork(self, seq: Sequence, step: Step) -> Chunk | None:
-        """A chunk that copies an identical request's prefill, admitted in this step, if any."""
-        for chunk in step.chunks:
-            if chunk.source is None and chunk.completes and chunk.seq.tokens == seq.tokens:
-                source = chunk.seq
-                full = len(seq.tokens) // self.pool.block_size
-                partial = self.blocks_for(len(seq.tokens)) - full
-                blocks = self.pool.allocate(partial)
-                if blocks is None:
-                    return None
-                self.pool.share(source.blocks[:full])
-                seq.blocks = source.blocks[:full] + blocks
-                seq.computed, seq.registered = chunk.start, source.registered
-                if seq.cached_tokens is None:
-                    seq.cached_tokens = chunk.start
-                return Chunk(seq, chunk.start, chunk.end, source)
-        return None
+    def _fork(self, seq: Sequence, chunk: Chunk) -> Chunk | None:
+        """A chunk that copies the prefill of `chunk`, an identical request's in this step."""
+        source = chunk.seq
+        full = len(seq.tokens) // self.pool.block_size
+        partial = self.blocks_for(len(seq.tokens)) - full
+        blocks = self.pool.allocate(partial)
+        if blocks is None:
+            return None
+        self.pool.share(source.blocks[:full])
+        seq.blocks = source.blocks[:full] + blocks
+        seq.computed, seq.registered = chunk.start, source.registered
+        if seq.cached_tokens is None:
+            seq.cached_tokens = chunk.start
+        return Chunk(seq, chunk.start, chunk.end, source)
