@@ -602,6 +602,20 @@ class Engine:
         those that finish."""
         finished: list[_Request] = []
         batch = self._sampling(requests)
+        token_bytes = self.tokenizer.token_bytes
+        if all(len(row) == 1 for row in kept):  # a plain step: one token each
+            for request, row in zip(requests, kept, strict=True):
+                request.seq.tokens.append(row[0])
+            done = deliver(
+                requests,
+                tokens[:, 0],
+                None if logprobs is None else logprobs[:, 0],
+                batch.top_n,
+                token_bytes,
+            )
+            for request in done:
+                self._release(request)
+            return done
         for j in range(max(len(row) for row in kept)):
             live = [i for i, r in enumerate(requests) if len(kept[i]) > j and r not in finished]
             if not live:
@@ -614,7 +628,7 @@ class Engine:
                 tokens[index, j],
                 None if logprobs is None else logprobs[index, j],
                 batch.top_n,
-                self.tokenizer.token_bytes,
+                token_bytes,
             )
             for request in done:
                 self._release(request)

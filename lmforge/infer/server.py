@@ -104,7 +104,6 @@ class _Choice:
     index: int
     handle: RequestHandle | None  # None when there is nothing to generate (max_tokens 0)
     stripper: ReplyStripper
-    prompt: int = 0  # which of the call's prompts it continues
     alternatives: int = 0  # how many likeliest tokens each token's logprobs list
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -113,6 +112,7 @@ class _Choice:
     finish_reason: str | None = None
     reported: int = 0  # tokens whose log-probabilities a stream chunk has carried
     echo: _Echo | None = None
+    prompt: int = 0  # which of the call's prompts it continues
 
     def add(self, event: TokenEvent) -> str:
         """Record one event; return its new reply text."""
