@@ -10,6 +10,7 @@ import lmforge.stages as stages
 from lmforge.budget_clock import BudgetClock
 from lmforge.config import apply_override, preset
 from lmforge.prepare import Prepared
+from lmforge.tokens.shards import ShardMeta, write_meta
 from lmforge.train import TrainResult
 
 
@@ -59,6 +60,8 @@ def test_the_built_in_corpus_is_prepared_once_into_the_cache(preparing, tmp_path
 
 def test_ready_made_shards_are_claimed_not_prepared(preparing, tmp_path):
     _, roots = preparing
+    shards = {name: {"tokens": 0, "documents": 0} for name in ("train", "val")}
+    write_meta(tmp_path / "shards", ShardMeta("uint16", 256, "bytes", shards))
     data = stages.prepare(preset("tiny"), tmp_path / "run", shard_dir=tmp_path / "shards")
     assert not roots and data == stages.Data(tmp_path / "shards", None)
     assert (tmp_path / "run" / "config.toml").is_file()

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from lmforge.errors import LmforgeError
 
@@ -181,6 +182,12 @@ def _readable_paths() -> tuple[str, ...]:
         if os.path.realpath(path) != path and os.path.isdir(path):
             kept.append(path)
     return tuple(kept)
+
+
+def shows(folder: str) -> bool:
+    """Whether the sandbox shows the host folder `folder` at all: only as the way to a folder it
+    binds (a venv or an interpreter under /tmp or /home, say), never with its contents."""
+    return any(Path(path).is_relative_to(folder) for path in _readable_paths())
 
 
 def _parents(path: str, made: set[str]) -> list[str]:

@@ -47,7 +47,7 @@ from lmforge.infer.scheduler import Scheduler
 from lmforge.infer.scheduler import Sequence as Tokens
 from lmforge.infer.score import TokenScores, score
 from lmforge.infer.speculative import DraftModelProposer, NgramProposer, accept
-from lmforge.infer.text import TextAssembler
+from lmforge.infer.text_assembler import TextAssembler
 from lmforge.infer.weight_layouts import lay_out_for_decode
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lmforge.infer.text import TextAssembler
+from lmforge.infer.text_assembler import TextAssembler
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from lmforge.errors import LmforgeError
+from lmforge.infer.engine import BLOCK_SIZE, Engine, SamplingParams
 from lmforge.infer.sampling import check_sampling_args
 
 if TYPE_CHECKING:
@@ -66,8 +67,6 @@ def _stream(
     seed: int | None,
     stop_ids: Collection[int],
 ) -> Iterator[int]:
-    from lmforge.infer.engine import BLOCK_SIZE, Engine, SamplingParams  # the engine imports text
-
     max_seq_len = model.config.max_seq_len
     ids = list(prompt_ids)[-max(1, max_seq_len - 1) :]  # leave room for one new token
     n_steps = min(max_new_tokens, max_seq_len - len(ids))

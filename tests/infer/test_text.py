@@ -1,6 +1,6 @@
 import pytest
 
-from lmforge.infer.text import TextAssembler
+from lmforge.infer.text_assembler import TextAssembler
 
 
 def feed(assembler: TextAssembler, pieces: list[bytes]) -> list[str]:
