@@ -10,11 +10,13 @@ median of per-repetition ratios are reported):
    the system prompt is in the cache (one earlier request put it there, as a server's first
    chat does). Time to first token of each request is measured from submission; the engine
    with `prefix_caching=False` is the reference. Target: >= 5x lower with caching.
+
 - Paged memory. At a fixed KV budget of 8 x 2,048 positions (what a slot cache needs for 8
    full contexts), 96 requests of mixed lengths (prompts 16-512 tokens, outputs 16-256, seeded)
    go to an engine allowed 256 running requests. Reported: the most requests running at once
    (a slot cache of that budget runs 8), preemptions, and whether every greedy output equals the
    same requests' output on an engine with room for all of them (no preemption).
+
 - Speculative decoding. Batch-1 greedy decode of continuations of Python source: --spec-prompts
    prompts of --spec-prompt-tokens tokens cut from the validation split of --checkpoint's run
    (the built-in corpus is the standard library's source; --shards: that run's token shards),

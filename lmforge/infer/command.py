@@ -62,6 +62,12 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    _add_speculative(p)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    p.set_defaults(func=cmd_generate)
+
+
+def _add_speculative(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speculative",
         metavar="ngram|CHECKPOINT",
@@ -69,8 +75,6 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "lookup, best where the output repeats its context) or a smaller checkpoint with the "
         "same tokenizer as the draft model",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
-    p.set_defaults(func=cmd_generate)
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
@@ -93,13 +97,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="torch.compile the decode step: faster tokens, after a compile the first time a "
         "step runs 1, 2, 4, ... requests (about 10 s each for the speedrun's model on a CPU)",
     )
-    p.add_argument(
-        "--speculative",
-        metavar="ngram|CHECKPOINT",
-        help="draft tokens and check them in one forward, output unchanged: 'ngram' (prompt "
-        "lookup, best where the output repeats its context) or a smaller checkpoint with the "
-        "same tokenizer as the draft model",
-    )
+    _add_speculative(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     guard = p.add_argument_group("access and limits")
     guard.add_argument(
