@@ -11,8 +11,11 @@ $(BIN)/python:
 # Stamps re-run the install only when the package metadata changes. --no-compile: byte-compiling
 # every installed file (ray and transformers are large) took half the install; modules compile
 # when first imported instead.
+# lmforge's CPU decode kernels are compiled here, once per source and torch version (into
+# LMFORGE_CACHE); without this, the first decode compiles them.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-compile -e .
+	$(BIN)/python -m lmforge.kernels.cpu_decode
 	touch $@
 
 # openai-whisper is installed without its dependencies only for the file it ships with GPT-2's
@@ -20,6 +23,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
 	$(BIN)/python -m pip install --quiet --no-compile --no-deps openai-whisper==20250625
+	$(BIN)/python -m lmforge.kernels.cpu_decode
 	touch $@ $(VENV)/.installed
 
 $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-dev

@@ -16,12 +16,14 @@ import time
 import torch
 
 from lmforge.device.capability import (
+    CpuCapability,
     cpp_compiler,
     cpu_capability,
 )
 from lmforge.device.peak import measured_peak_flops
 from lmforge.eval.sandbox import bwrap_unavailable, requested
 from lmforge.infer.weight_layouts import decode_layout
+from lmforge.kernels import cpu_decode
 from lmforge.train.precision import auto_precision
 
 X86_FLAGS = (
@@ -40,7 +42,8 @@ def diagnose() -> dict:
     """Every fact `doctor` prints, as plain data (its --json output)."""
     cap = cpu_capability()
     cpu = torch.device("cpu")
-    fp32, bf16 = torch.empty(1, 1), torch.empty(1, 1, dtype=torch.bfloat16)
+    fp32 = torch.empty(64, 64)  # the shape of a model's weight, as the layouts see it
+    bf16 = fp32.bfloat16()
     flags = ARM_FLAGS if cap.arch == "aarch64" else X86_FLAGS
     return {
         "lmforge": _version(),
@@ -63,6 +66,7 @@ def diagnose() -> dict:
                 "bf16": cap.can_pack(torch.bfloat16),
             },
             "int8_weight_mm": cap.int8_weight_mm,
+            "decode_kernels": cpu_decode.isa_for(cap) or _no_decode_kernels(cap),
             "gflops": {
                 dtype: round(measured_peak_flops(cpu, dtype) / 1e9, 1)
                 for dtype in ("fp32", "bf16", "fp16")
@@ -86,6 +90,12 @@ def diagnose() -> dict:
         "sandbox": _sandbox(),
         "gpu": _gpu(),
     }
+
+
+def _no_decode_kernels(cap: CpuCapability) -> str:
+    if cap.decode_isa is None:
+        return "none (this CPU has neither AVX2 nor AVX-512): torch's ops"
+    return f"none ({cpu_decode.load()})"
 
 
 def int8_weight_mm_flops(size: int = 2048, rows: int = 1, seconds: float = 0.3) -> float:
@@ -126,6 +136,7 @@ def render(facts: dict) -> str:
         ("matmul GFLOP/s", gflops + " (measured once, cached)"),
         ("oneDNN packing", packing),
         ("int8 weight mm", int8),
+        ("decode kernels", kernels["decode_kernels"]),
         (
             "precision auto",
             f"{choices['precision_auto']} (bf16 fast here: {yes(choices['bf16_fast'])})",

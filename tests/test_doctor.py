@@ -24,8 +24,8 @@ def test_doctor_prints_detection_kernels_and_choices():
     result = _doctor()
     assert result.returncode == 0, result.stderr
     for line in ("CPU", "ISA", "matmul GFLOP/s", "oneDNN packing", "int8 weight mm",
-                 "precision auto", "decode bf16, 8 slots", "torch.compile", "code sandbox",
-                 "GPU"):  # fmt: skip
+                 "decode kernels", "precision auto", "decode bf16, 8 slots", "torch.compile",
+                 "code sandbox", "GPU"):  # fmt: skip
         assert f"\n{line} " in "\n" + result.stdout, line
 
 
@@ -34,7 +34,8 @@ def test_doctor_json_follows_a_forced_profile():
     assert facts["cpu"]["profile"] == "avx2"
     assert facts["kernels"]["onednn_packing"]["bf16"] is False
     assert facts["choices"]["precision_auto"] == "fp32"
-    assert facts["choices"]["decode_layout"]["bf16, 8 slots"] == "row-major"
+    assert facts["kernels"]["decode_kernels"] == "avx2"  # the widest the profile allows
+    assert facts["choices"]["decode_layout"]["bf16, 8 slots"] == "avx2"
     assert facts["kernels"]["gflops"]["fp32"] > 0
     assert facts["sandbox"] == "bubblewrap" or facts["sandbox"].startswith("guard only")
 

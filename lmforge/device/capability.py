@@ -38,21 +38,22 @@ class Profile:
     packed_dtypes: frozenset[torch.dtype]
     int8_weight_mm: bool
     bf16: bool  # may bf16 matmuls count as fast
+    decode_isa: str | None  # the widest of lmforge's decode kernels (kernels/cpu_decode.py)
 
 
 PROFILES = {
     # Zen 4, Sapphire Rapids and later: everything
-    "avx512-bf16": Profile(frozenset({torch.float32, torch.bfloat16}), True, True),
+    "avx512-bf16": Profile(frozenset({torch.float32, torch.bfloat16}), True, True, "avx512"),
     # Skylake-X to Ice Lake: oneDNN packs bf16 weights, but bf16 arithmetic is emulated
-    "avx512": Profile(frozenset({torch.float32, torch.bfloat16}), True, False),
+    "avx512": Profile(frozenset({torch.float32, torch.bfloat16}), True, False, "avx512"),
     # Zen 3 and earlier, Intel laptops: oneDNN packs fp32 only
-    "avx2": Profile(frozenset({torch.float32}), True, False),
+    "avx2": Profile(frozenset({torch.float32}), True, False, "avx2"),
     # aarch64 with BF16 (Graviton 3, Apple M2 and later)
-    "arm-bf16": Profile(frozenset({torch.float32, torch.bfloat16}), True, True),
+    "arm-bf16": Profile(frozenset({torch.float32, torch.bfloat16}), True, True, None),
     # aarch64 without BF16 (Graviton 2, Apple M1, Raspberry Pi)
-    "neon": Profile(frozenset({torch.float32}), True, False),
+    "neon": Profile(frozenset({torch.float32}), True, False, None),
     # no vector ISA known: only the plain kernels
-    "generic": Profile(frozenset(), False, False),
+    "generic": Profile(frozenset(), False, False, None),
 }
 
 
@@ -67,6 +68,7 @@ class CpuCapability:
     features: frozenset[str] = field(repr=False)  # the OS's flags (cpuinfo.py's spelling)
     packed_dtypes: frozenset[torch.dtype]  # dtypes whose weights oneDNN prepacks here
     int8_weight_mm: bool  # torch._weight_int8pack_mm (int8 weight-only matmul) works
+    decode_isa: str | None = None  # "avx512" | "avx2": the decode kernels' widest set here
     bf16_allowed: bool = True  # False when a forced profile rules bf16 out as fast
     glibc: bool = False  # glibc is the C library (mallopt exists)
     profile: str | None = None  # the forced profile, if any
@@ -85,6 +87,7 @@ class CpuCapability:
             self,
             packed_dtypes=self.packed_dtypes & ceiling.packed_dtypes,
             int8_weight_mm=self.int8_weight_mm and ceiling.int8_weight_mm,
+            decode_isa=narrower(self.decode_isa, ceiling.decode_isa),
             bf16_allowed=self.bf16_allowed and ceiling.bf16,
             profile=profile,
         )
@@ -103,6 +106,7 @@ def profile_capability(profile: str) -> CpuCapability:
         features=frozenset(),
         packed_dtypes=ceiling.packed_dtypes,
         int8_weight_mm=ceiling.int8_weight_mm,
+        decode_isa=ceiling.decode_isa,
         bf16_allowed=ceiling.bf16,
         profile=profile,
     )
@@ -140,8 +144,29 @@ def capability_from(info: CpuInfo) -> CpuCapability:
         features=info.features,
         packed_dtypes=frozenset(d for d in (torch.float32, torch.bfloat16) if probe_packing(d)),
         int8_weight_mm=probe_int8_weight_mm(),
+        decode_isa=decode_isa(info),
         glibc=platform.libc_ver()[0] == "glibc",
     )
+
+
+DECODE_ISAS = ("avx2", "avx512")  # narrowest first
+_DECODE_ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "fma"}, "avx2": {"avx2", "fma"}}
+
+
+def decode_isa(info: CpuInfo) -> str | None:
+    """The widest instruction set of lmforge's decode kernels whose flags this CPU has."""
+    if info.arch != "x86_64":
+        return None
+    return next(
+        (isa for isa in reversed(DECODE_ISAS) if _DECODE_ISA_FLAGS[isa] <= info.features), None
+    )
+
+
+def narrower(a: str | None, b: str | None) -> str | None:
+    """The narrower of two decode instruction sets (None is narrowest: no kernel)."""
+    if a is None or b is None:
+        return None
+    return min(a, b, key=DECODE_ISAS.index)
 
 
 def probe_packing(dtype: torch.dtype) -> bool:

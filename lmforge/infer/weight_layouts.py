@@ -5,10 +5,14 @@ Decode multiplies a few rows of activations by every weight matrix, so its speed
 the matrix kernel on that matrix's layout, and nn.Linear's row-major (out, in) layout read by
 MKL is rarely the fastest on a CPU (one thread, measured in benchmarks/bench_infer.py):
 
-- one or two rows, compiled: matrix-vector products are bound by memory bandwidth. Written as
-  a broadcast multiply and a sum over the plain row-major weight, Inductor turns each into one
-  vectorised loop that streams the weight at nearly the core's full read bandwidth, fused with
-  its neighbours: a decode step runs 1.8-1.9x faster than with MKL, in fp32 and bf16;
+- up to eight rows on an x86-64 CPU with AVX2 or AVX-512: lmforge's decode kernels
+  (kernels/cpu_decode.py) stream the plain row-major weight at the memory's bandwidth, eager or
+  compiled, reusing each loaded piece of it for every row (fp32 and bf16 weights);
+- elsewhere, one or two rows, compiled: matrix-vector products are bound by memory bandwidth.
+  Written as a broadcast multiply and a sum over the plain row-major weight, Inductor turns
+  each into one vectorised loop that streams the weight at nearly the core's full read
+  bandwidth, fused with its neighbours: a decode step runs 1.8-1.9x faster than with MKL, in
+  fp32 and bf16;
 - one row in fp32, eager: MKL streams a weight stored column-major (as the transpose of a
   contiguous (in, out) matrix) up to 2x faster than a row-major one (a step: 1.2-1.3x);
 - more rows, and bf16 eager: bound by the kernel rather than by memory; oneDNN's matmul over a
@@ -32,9 +36,11 @@ from torch import nn
 
 from lmforge.device.capability import CpuCapability, cpu_capability
 from lmforge.errors import LmforgeError
+from lmforge.kernels import cpu_decode
 from lmforge.model.layers import Linear
 
 STREAMED_MAX_ROWS = 2  # from 4 rows on, oneDNN's packed kernel is faster
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what lmforge's decode kernels read
 
 
 @torch.library.custom_op("lmforge::packed_linear", mutates_args=())
@@ -69,6 +75,27 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+class KernelLinear(nn.Module):
+    """A Linear whose products with up to cpu_decode.MAX_ROWS rows run in lmforge's decode
+    kernels in instruction set `isa`, eager or compiled; more rows (a prefill) stay F.linear,
+    bound by the matrix kernel rather than by memory. The weight is the Linear's own."""
+
+    def __init__(self, linear: Linear, isa: str) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.isa = isa
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_decode.fits(self.in_features, x.shape[:-1].numel()):
+            return cpu_decode.dense_mm(x, self.weight, self.isa)
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.isa}"
 
 
 class StreamedLinear(nn.Module):
@@ -147,6 +174,9 @@ def decode_layout(
     with `capability` (default: this one's)."""
     if weight.device.type != "cpu":
         return "row-major"
+    kernel_fits = cpu_decode.fits(weight.shape[1], batch_size) and weight.dtype in KERNEL_DTYPES
+    if kernel_fits and (isa := cpu_decode.isa_for(capability)):
+        return isa
     if compiled and batch_size <= STREAMED_MAX_ROWS:
         return "streamed"
     if batch_size == 1 and weight.dtype == torch.float32:
@@ -176,14 +206,17 @@ def lay_out_for_decode(
         if layout == "column-major":
             for linear in linears:
                 linear.weight.data = linear.weight.data.t().contiguous().t()
-        elif layout in ("packed", "streamed"):
+        elif layout != "row-major":
             for parent in list(model.modules()):
                 for name, child in list(parent.named_children()):
                     if isinstance(child, Linear):
-                        relaid = (
-                            StreamedLinear(child)
-                            if layout == "streamed"
-                            else PackedLinear(child, batch_size)
-                        )
-                        setattr(parent, name, relaid)
+                        setattr(parent, name, _relaid(child, layout, batch_size))
     return layout
+
+
+def _relaid(linear: Linear, layout: str, batch_size: int) -> nn.Module:
+    if layout == "streamed":
+        return StreamedLinear(linear)
+    if layout == "packed":
+        return PackedLinear(linear, batch_size)
+    return KernelLinear(linear, isa=layout)

@@ -1,10 +1,13 @@
 """QuantizedLinear: a Linear whose weight is int8 or packed int4, and the kernel that reads it.
 
-Decode is bound by the bytes of weight read per token, so the one- and two-row path (up to
-eight rows for int8 with fp32 activations) is the streamed layout of infer/weight_layouts.py with
-dequantization inside it: compiled, the product `(x[..., None, :] * codes).sum(-1) * scales`
-(int4: per half-group, with the zero point) becomes one Inductor loop that reads the integer
-codes, converts them in registers and accumulates, never writing a float copy of W. Larger
+Decode is bound by the bytes of weight read per token. Up to eight rows on an x86-64 CPU with
+AVX2 or AVX-512, lmforge's decode kernels (kernels/cpu_decode.py) read the codes once and
+convert them in registers, eager or compiled. Elsewhere (ARM, or no compiler), the one- and
+two-row path (up to eight rows for int8 with fp32 activations) is the streamed layout of
+infer/weight_layouts.py with dequantization inside it: compiled, the product
+`(x[..., None, :] * codes).sum(-1) * scales` (int4: per half-group, with the zero point)
+becomes one Inductor loop that reads the integer codes, converts them in registers and
+accumulates, never writing a float copy of W. Larger
 batches are bound by the matrix kernel instead: with bf16 activations int8 uses torch's
 `_weight_int8pack_mm` (2.4x faster than an fp32 matmul at 8 rows here, but 20x slower with
 fp32 activations); otherwise the weight is dequantized for the float matmul, which compiled
@@ -17,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.device.capability import DECODE_ISAS
+from lmforge.kernels import cpu_decode
 from lmforge.quant.schemes import QuantizedWeight, check_shape
 
 STREAMED_MAX_ROWS = 2
@@ -25,8 +30,13 @@ STREAMED_MAX_ROWS = 2
 INT8_STREAMED_MAX_ROWS = 8
 
 
-def kernel_for(scheme: str, rows: int, compiling: bool, x: torch.Tensor) -> str:
-    """Which kernel multiplies `rows` rows of `x` by a `scheme` weight."""
+def kernel_for(
+    scheme: str, rows: int, compiling: bool, x: torch.Tensor, isa: str | None = None
+) -> str:
+    """Which kernel multiplies `rows` rows of `x` by a `scheme` weight, where lmforge's decode
+    kernels run in instruction set `isa` (None: they do not run here)."""
+    if isa is not None and x.device.type == "cpu" and cpu_decode.fits(x.shape[-1], rows):
+        return isa
     int8_bf16 = scheme == "int8" and x.device.type == "cpu" and x.dtype == torch.bfloat16
     limit = STREAMED_MAX_ROWS if scheme == "int4" or int8_bf16 else INT8_STREAMED_MAX_ROWS
     if compiling and rows <= limit:
@@ -89,7 +99,13 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[:-1].numel()
-        kernel = kernel_for(self.scheme, rows, torch.compiler.is_compiling(), x)
+        compiling = torch.compiler.is_compiling()
+        kernel = kernel_for(self.scheme, rows, compiling, x, cpu_decode.isa_for())
+        if kernel in DECODE_ISAS and self.scheme == "int8":
+            return cpu_decode.int8_mm(x, self.qweight, self.scales, kernel)
+        if kernel in DECODE_ISAS:
+            scales, zeros = self.scales, self.zeros
+            return cpu_decode.int4_mm(x, self.qweight, scales, zeros, self.group_size, kernel)
         if kernel == "streamed" and self.scheme == "int4":
             low, high = self._half_groups(x.dtype)
             halves = x.view(*x.shape[:-1], 1, low.shape[1], 2, -1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from lmforge.device.capability import detect
+from lmforge.device.capability import DECODE_ISAS, cpu_capability, detect
 from lmforge.errors import LmforgeError
 from lmforge.infer import generate
 from lmforge.infer.engine import Engine, SamplingParams
@@ -381,16 +381,22 @@ def test_closed_engine_refuses_requests(model):
         engine.submit([1], SamplingParams())
 
 
+HOST_DECODE_ISA = cpu_capability().decode_isa
+
+
+# neon and arm-bf16 force the choices of a CPU where lmforge's decode kernels do not run
 @pytest.mark.parametrize(
     ("slots", "dtype", "compile", "layout", "profile"),
     [
-        (1, torch.float32, False, "column-major", None),
-        (1, torch.float32, True, "streamed", None),
-        (2, torch.bfloat16, True, "streamed", None),
-        (4, torch.float32, False, "packed", None),
-        (4, torch.float32, True, "packed", None),
-        (4, torch.bfloat16, False, "packed", None),
-        (4, torch.bfloat16, False, "row-major", "avx2"),  # the fallback where bf16 won't pack
+        (1, torch.float32, False, HOST_DECODE_ISA or "column-major", None),
+        (4, torch.bfloat16, True, "avx2", "avx2"),
+        (1, torch.float32, False, "column-major", "neon"),
+        (1, torch.float32, True, "streamed", "neon"),
+        (2, torch.bfloat16, True, "streamed", "arm-bf16"),
+        (4, torch.float32, False, "packed", "neon"),
+        (4, torch.float32, True, "packed", "neon"),
+        (4, torch.bfloat16, False, "packed", "arm-bf16"),
+        (16, torch.bfloat16, False, "row-major", "avx2"),  # the fallback where bf16 won't pack
         (4, torch.float32, False, "row-major", "generic"),
     ],
 )
@@ -399,7 +405,7 @@ def test_relaid_weights_give_the_same_tokens(
 ):
     if profile:
         monkeypatch.setenv("LMFORGE_CPU_PROFILE", profile)
-    elif layout == "packed" and not detect().can_pack(dtype):
+    if layout == "packed" and not detect().can_pack(dtype):
         pytest.skip(
             f"oneDNN cannot pack {dtype} weights on this CPU; the avx2-profile case below "
             "tests the fallback this CPU takes"
@@ -426,6 +432,8 @@ def test_relaid_weights_give_the_same_tokens(
         assert isinstance(relaid.layers[0].attn.q_proj, StreamedLinear)
     elif layout == "packed":
         assert isinstance(relaid.layers[0].attn.q_proj, PackedLinear)
+    elif layout in DECODE_ISAS:
+        assert relaid.layers[0].attn.q_proj.isa == layout
     else:
         assert relaid.layers[0].attn.q_proj.weight.is_contiguous()
 

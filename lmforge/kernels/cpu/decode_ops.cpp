@@ -1,0 +1,143 @@
+// torch operators over the decode kernels (decode_kernels.h): lmforge_cpu::dense_mm, int8_mm
+// and int4_mm, each taking the instruction set to run ("avx512" or "avx2") as an argument, so the
+// choice stays in Python (lmforge/kernels/cpu_decode.py) and either can be forced in a test.
+// Rows of W are split across torch's intra-op threads; x is processed 8 rows at a time.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "decode_kernels.h"
+
+namespace lmforge_decode {
+#if defined(__x86_64__) || defined(_M_X64)
+LMFORGE_DECODE_ENTRY_POINTS(avx512)
+LMFORGE_DECODE_ENTRY_POINTS(avx2)
+#endif
+}  // namespace lmforge_decode
+
+namespace {
+
+constexpr int64_t MAX_ROWS = 8;    // rows of x per pass over W (the kernels' register blocks)
+constexpr int64_t GRAIN = 64;      // rows of W per thread at least
+constexpr int64_t K_MULTIPLE = 16; // both vector widths divide it
+
+bool wide(const std::string& isa) {
+  TORCH_CHECK(isa == "avx512" || isa == "avx2", "lmforge_cpu: unknown instruction set ", isa);
+#if !(defined(__x86_64__) || defined(_M_X64))
+  TORCH_CHECK(false, "lmforge_cpu: the decode kernels are built for x86-64 only");
+#endif
+  return isa == "avx512";
+}
+
+void check_operands(const at::Tensor& x, const at::Tensor& w, int64_t k_per_row) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "lmforge_cpu: x must be a contiguous 2-D float32 tensor");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "lmforge_cpu: the weight must be contiguous 2-D");
+  TORCH_CHECK(x.size(1) == k_per_row, "lmforge_cpu: x has ", x.size(1), " inputs, the weight ",
+              k_per_row);
+  TORCH_CHECK(x.size(1) % K_MULTIPLE == 0, "lmforge_cpu: inputs must be a multiple of ",
+              K_MULTIPLE);
+}
+
+// Runs kernel(rows of x, m, n0, n1) over chunks of at most MAX_ROWS rows and W's row ranges.
+template <class Kernel>
+at::Tensor run(const at::Tensor& x, int64_t N, Kernel kernel) {
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  const int64_t M = x.size(0), K = x.size(1);
+  for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
+    const int64_t m = std::min(MAX_ROWS, M - m0);
+    const float* xs = x.data_ptr<float>() + m0 * K;
+    float* ys = y.data_ptr<float>() + m0 * N;
+    at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) { kernel(xs, ys, m0, m, n0, n1); });
+  }
+  return y;
+}
+
+at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, const std::string& isa) {
+  check_operands(x, w, w.size(1));
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
+              "lmforge_cpu::dense_mm: the weight must be float32 or bfloat16");
+  const bool avx512 = wide(isa);
+  const int64_t K = x.size(1), N = w.size(0);
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  const void* wp = w.data_ptr();
+  return run(x, N, [&](const float* xs, float* ys, int64_t, int64_t m, int64_t n0, int64_t n1) {
+#if defined(__x86_64__) || defined(_M_X64)
+    using namespace lmforge_decode;
+    if (bf16) {
+      auto* wb = static_cast<const uint16_t*>(wp);
+      (avx512 ? dense_bf16_avx512 : dense_bf16_avx2)(xs, m, K, wb, ys, n0, n1, N);
+    } else {
+      auto* wf = static_cast<const float*>(wp);
+      (avx512 ? dense_f32_avx512 : dense_f32_avx2)(xs, m, K, wf, ys, n0, n1, N);
+    }
+#endif
+  });
+}
+
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
+                   const std::string& isa) {
+  check_operands(x, w, w.size(1));
+  TORCH_CHECK(w.scalar_type() == at::kChar, "lmforge_cpu::int8_mm: the weight must be int8");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+                  scales.numel() == w.size(0),
+              "lmforge_cpu::int8_mm: scales must be float32, one per row of the weight");
+  const bool avx512 = wide(isa);
+  const int64_t K = x.size(1), N = w.size(0);
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  return run(x, N, [&](const float* xs, float* ys, int64_t, int64_t m, int64_t n0, int64_t n1) {
+#if defined(__x86_64__) || defined(_M_X64)
+    using namespace lmforge_decode;
+    (avx512 ? int8_avx512 : int8_avx2)(xs, m, K, wp, sp, ys, n0, n1, N);
+#endif
+  });
+}
+
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
+                   const at::Tensor& zeros, int64_t group_size, const std::string& isa) {
+  TORCH_CHECK(w.scalar_type() == at::kByte, "lmforge_cpu::int4_mm: the weight must be uint8");
+  check_operands(x, w, 2 * w.size(1));
+  TORCH_CHECK(group_size % (2 * K_MULTIPLE) == 0 && x.size(1) % group_size == 0,
+              "lmforge_cpu::int4_mm: the group size must be a multiple of 32 dividing the inputs");
+  const int64_t K = x.size(1), N = w.size(0), groups = K / group_size;
+  for (const at::Tensor* t : {&scales, &zeros}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                    t->numel() == N * groups,
+                "lmforge_cpu::int4_mm: scales and zeros must be float32 (rows, groups)");
+  }
+  const bool avx512 = wide(isa);
+  at::Tensor xsum = x.view({x.size(0), groups, group_size}).sum(-1).contiguous();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float *sp = scales.data_ptr<float>(), *zp = zeros.data_ptr<float>();
+  const float* xsp = xsum.data_ptr<float>();
+  return run(x, N, [&](const float* xs, float* ys, int64_t m0, int64_t m, int64_t n0,
+                       int64_t n1) {
+#if defined(__x86_64__) || defined(_M_X64)
+    using namespace lmforge_decode;
+    (avx512 ? int4_avx512 : int4_avx2)(xs, xsp + m0 * groups, m, K, group_size, wp, sp, zp, ys,
+                                       n0, n1, N);
+#endif
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(lmforge_cpu, m) {
+  m.def("dense_mm(Tensor x, Tensor weight, str isa) -> Tensor");
+  m.def("int8_mm(Tensor x, Tensor weight, Tensor scales, str isa) -> Tensor");
+  m.def(
+      "int4_mm(Tensor x, Tensor weight, Tensor scales, Tensor zeros, int group_size, str isa) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(lmforge_cpu, CPU, m) {
+  m.impl("dense_mm", &dense_mm);
+  m.impl("int8_mm", &int8_mm);
+  m.impl("int4_mm", &int4_mm);
+}

@@ -1,0 +1,173 @@
+"""lmforge's CPU decode kernels: weight-only products of a few activation rows with an int8,
+packed int4, bf16 or fp32 weight, at the speed of the bytes they read (kernels/cpu/*.cpp).
+
+A batch-1 decode step reads every weight once, so its speed is memory bandwidth over bytes per
+weight. torch's generic ops reach about a third of the bandwidth on a matrix-vector product
+and cannot read int4 codes without writing a float copy of the weight; these kernels convert
+codes to fp32 in registers and reuse each loaded piece of the weight for every row of x.
+
+The C++ is compiled once per source, torch version and compiler, with this machine's compiler
+(torch.compile needs the same one), into LMFORGE_CACHE (`make` does it at install; otherwise
+the first use does, in about 15 s). Each instruction set's kernels are separate functions in
+one library and the operator takes the set to run as an argument, so the choice is made in one
+place (`isa_for`, from the capability module) and every set this CPU can run is tested on it.
+Where no kernel can run (no compiler, not x86-64, a CPU without AVX2), callers keep torch's
+ops: `isa_for` returns None.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from lmforge.device.capability import PROFILE_ENV, CpuCapability, cpp_compiler, cpu_capability
+from lmforge.device.peak import cache_dir
+
+SOURCE_DIR = Path(__file__).parent / "cpu"
+ISA_FLAGS = {  # the instruction sets, widest first, and what their file is compiled with
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"),
+    "avx2": ("-mavx2", "-mfma"),
+}
+MAX_ROWS = 8  # rows of x the kernels hold in registers; more rows pass over the weight again
+K_MULTIPLE = 16  # the inputs of a weight must be a multiple of this (both vector widths)
+
+
+def isa_for(capability: CpuCapability | None = None) -> str | None:
+    """The instruction set of the decode kernels to use on a CPU with `capability` (default:
+    this one, under LMFORGE_CPU_PROFILE), or None where none can run and torch's ops serve."""
+    if capability is None:
+        return _isa_here()
+    return capability.decode_isa if capability.decode_isa and load() is None else None
+
+
+@torch.compiler.assume_constant_result  # torch.compile asks once, while tracing
+def _isa_here() -> str | None:
+    return _isa_under(os.environ.get(PROFILE_ENV))
+
+
+@functools.cache
+def _isa_under(profile: str | None) -> str | None:  # asked once per layer and step: cached
+    return isa_for(cpu_capability(profile))
+
+
+def fits(in_features: int, rows: int) -> bool:
+    """The kernels take this matrix and these rows (beyond MAX_ROWS, torch's matmuls win)."""
+    return in_features % K_MULTIPLE == 0 and rows <= MAX_ROWS
+
+
+def dense_mm(x: torch.Tensor, weight: torch.Tensor, isa: str) -> torch.Tensor:
+    """x Wᵀ for an fp32 or bf16 W (out, in); x in any float dtype, computed in fp32."""
+    return _rows(x, lambda x2: torch.ops.lmforge_cpu.dense_mm(x2, weight, isa), weight.shape[0])
+
+
+def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, isa: str) -> torch.Tensor:
+    """x Wᵀ for W = qweight (int8, out x in) * scales (fp32, per row)."""
+    return _rows(
+        x, lambda x2: torch.ops.lmforge_cpu.int8_mm(x2, qweight, scales, isa), qweight.shape[0]
+    )
+
+
+def int4_mm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    isa: str,
+) -> torch.Tensor:
+    """x Wᵀ for W in lmforge's packed int4 (quant/schemes.py): (codes - zeros) * scales."""
+    op = torch.ops.lmforge_cpu.int4_mm
+    return _rows(x, lambda x2: op(x2, qweight, scales, zeros, group_size, isa), qweight.shape[0])
+
+
+def _rows(x: torch.Tensor, product, out_features: int) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    return product(x2).to(x.dtype).view(*x.shape[:-1], out_features)
+
+
+@functools.cache
+def load() -> str | None:
+    """Build (once) and load the kernels; None when they are ready, else why they are not."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"lmforge's decode kernels are written for x86-64, not {platform.machine()}"
+    compiler = cpp_compiler()
+    if compiler is None:
+        return "lmforge's decode kernels need a C++ compiler (g++ or clang++) and none was found"
+    try:
+        torch.ops.load_library(str(build(compiler)))
+    except (OSError, subprocess.CalledProcessError) as e:
+        reason = f"lmforge's decode kernels failed to build or load ({e}): using torch's ops"
+        warnings.warn(reason, stacklevel=2)
+        return reason
+    _register_fakes()
+    return None
+
+
+def library_path(compiler: str) -> Path:
+    """Where the library built from these sources, for this torch and compiler, lives."""
+    digest = hashlib.sha256()
+    for source in sorted(SOURCE_DIR.iterdir()):
+        digest.update(source.name.encode() + source.read_bytes())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{version}".encode())
+    return cache_dir() / "kernels" / f"decode-{digest.hexdigest()[:16]}.so"
+
+
+def build(compiler: str, verbose: bool = False) -> Path:
+    """Compile the library unless it is already built; returns its path. Written under a
+    temporary name and renamed, so parallel builds never load a half-written file."""
+    target = library_path(compiler)
+    if target.exists():
+        return target
+    from torch.utils.cpp_extension import include_paths
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch_lib = Path(torch.__file__).parent / "lib"
+    if verbose or sys.stderr.isatty():
+        print("building lmforge's CPU decode kernels (once)...", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = []
+        for isa, flags in ISA_FLAGS.items():
+            objects.append(f"{tmp}/{isa}.o")
+            _run(
+                [compiler, "-O3", "-std=c++17", "-fPIC", *flags, "-c"],
+                f"decode_{isa}.cpp",
+                objects[-1],
+            )
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        includes = [f"-I{p}" for p in include_paths()]
+        objects.append(f"{tmp}/ops.o")
+        ops_flags = ["-O2", "-std=c++20", "-fPIC", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+        _run([compiler, *ops_flags, *includes, "-c"], "decode_ops.cpp", objects[-1])
+        linked = f"{tmp}/decode.so"
+        libs = [f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-fopenmp", f"-Wl,-rpath,{torch_lib}"]
+        subprocess.run([compiler, "-shared", *objects, "-o", linked, *libs], check=True)
+        os.replace(linked, target)
+    return target
+
+
+def _run(command: list[str], source: str, output: str) -> None:
+    subprocess.run([*command, str(SOURCE_DIR / source), "-o", output], check=True)
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile, which calls the operators as opaque kernels."""
+
+    def product(x: torch.Tensor, weight: torch.Tensor, *_) -> torch.Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])
+
+    for name in ("dense_mm", "int8_mm", "int4_mm"):
+        torch.library.register_fake(f"lmforge_cpu::{name}", product)
+
+
+if __name__ == "__main__":  # `python -m lmforge.kernels.cpu_decode`: build now (make does)
+    print(load() or f"lmforge's CPU decode kernels are ready ({isa_for() or 'not used here'})")

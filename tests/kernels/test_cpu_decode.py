@@ -1,0 +1,116 @@
+"""lmforge's CPU decode kernels equal the dequantized weight's product, in every instruction set
+this CPU runs (AVX-512 where it has it, AVX2 forced on any x86-64 host), and every caller falls
+back to torch's ops where no kernel runs (the plain path ARM and Apple Silicon take)."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmforge.device.capability import DECODE_ISAS, cpu_capability, narrower, profile_capability
+from lmforge.infer.weight_layouts import KernelLinear, decode_layout, lay_out_for_decode
+from lmforge.kernels import cpu_decode
+from lmforge.model import ModelConfig, Transformer
+from lmforge.quant.linear import QuantizedLinear, kernel_for
+from lmforge.quant.schemes import quantize
+
+HOST_ISA = cpu_capability().decode_isa
+RUNNABLE = [isa for isa in DECODE_ISAS if HOST_ISA and narrower(isa, HOST_ISA) == isa]
+if not RUNNABLE or cpu_decode.load() is not None:  # an ARM or compiler-less machine
+    pytest.skip(f"no decode kernel runs here: {cpu_decode.load()}", allow_module_level=True)
+
+OUT, IN = 67, 256  # an odd number of rows: every register block's tail runs
+
+
+def weight(seed: int = 0) -> torch.Tensor:
+    return torch.randn(OUT, IN, generator=torch.Generator().manual_seed(seed))
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11])
+def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> None:
+    x = torch.randn(rows, IN)
+    w = weight()
+    close(cpu_decode.dense_mm(x, w, isa), F.linear(x, w))
+    bf16 = w.bfloat16()
+    close(cpu_decode.dense_mm(x, bf16, isa), F.linear(x, bf16.float()))
+    q8 = quantize(w, "int8")
+    close(cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa), F.linear(x, q8.dequantize()))
+    for group in (32, 64, 128):
+        q4 = quantize(w, "int4", group)
+        got = cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, group, isa)
+        close(got, F.linear(x, q4.dequantize()))
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_leading_dimensions_and_bf16_activations_pass_through(isa: str) -> None:
+    x = torch.randn(2, 3, IN).bfloat16()
+    w = weight()
+    got = cpu_decode.dense_mm(x, w, isa)
+    assert got.shape == (2, 3, OUT) and got.dtype == torch.bfloat16
+    want = F.linear(x.float(), w)
+    assert (got.float() - want).abs().max() <= 1e-2 * want.abs().max()
+
+
+def test_a_matrix_the_kernels_cannot_take_is_refused_clearly() -> None:
+    assert not cpu_decode.fits(IN + 8, 1) and not cpu_decode.fits(IN, cpu_decode.MAX_ROWS + 1)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        cpu_decode.dense_mm(torch.randn(1, 24), torch.randn(4, 24), RUNNABLE[0])
+    with pytest.raises(RuntimeError, match="unknown instruction set"):
+        cpu_decode.dense_mm(torch.randn(1, 32), torch.randn(4, 32), "sse2")
+
+
+@pytest.mark.parametrize("profile", ["avx2", "generic"])
+def test_quantized_linear_takes_the_forced_kernel_and_agrees(monkeypatch, profile) -> None:
+    """LMFORGE_CPU_PROFILE forces the narrower choice: AVX2, or torch's ops (the plain path)."""
+    monkeypatch.setenv("LMFORGE_CPU_PROFILE", profile)
+    x = torch.randn(3, IN)
+    for scheme, group in (("int8", None), ("int4", 64)):
+        q = quantize(weight(), scheme, group)
+        want = "avx2" if profile == "avx2" else "dequantize"  # eager, 3 rows
+        assert kernel_for(scheme, 3, False, x, cpu_decode.isa_for()) == want
+        close(QuantizedLinear.from_weight(q)(x), F.linear(x, q.dequantize()))
+
+
+def test_the_kernel_is_chosen_only_where_one_runs() -> None:
+    x = torch.zeros(1, IN)
+    assert kernel_for("int4", 1, True, x, "avx2") == "avx2"
+    assert kernel_for("int4", 9, True, x, "avx2") == "dequantize"  # a prefill: a matrix kernel
+    assert kernel_for("int4", 1, True, x, None) == "streamed"
+    assert cpu_decode.isa_for(profile_capability("neon")) is None
+    assert cpu_decode.isa_for(profile_capability("generic")) is None
+    plain = dataclasses.replace(cpu_capability(), decode_isa=None)
+    w = torch.empty(64, 64)
+    assert decode_layout(w, 1, compiled=True, capability=plain) == "streamed"
+    assert decode_layout(w, 1, compiled=True, capability=cpu_capability("avx2")) == "avx2"
+    assert decode_layout(w, 9, capability=cpu_capability("avx2")) != "avx2"
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_a_model_laid_out_for_the_kernels_keeps_its_logits_and_state(isa: str) -> None:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4)).eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, 64, (2, 9))
+    with torch.inference_mode():
+        want = model(ids[:, :1]), model(ids)
+        capability = cpu_capability(None if isa == HOST_ISA else isa)
+        assert lay_out_for_decode(model, 2, capability=capability) == isa
+        assert all(m.isa == isa for m in model.modules() if isinstance(m, KernelLinear))
+        torch.testing.assert_close(model(ids[:, :1]), want[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(ids), want[1], atol=1e-5, rtol=1e-5)  # F.linear rows
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_compiled_decode_calls_the_kernel_and_agrees() -> None:
+    torch._dynamo.reset()
+    q = quantize(weight(), "int4", 128)
+    module = QuantizedLinear.from_weight(q)
+    x = torch.randn(1, 1, IN)
+    close(torch.compile(module, fullgraph=True)(x), F.linear(x, q.dequantize()))
