@@ -6,7 +6,8 @@ block is whose). Before each forward the runner `bind`s the rows it runs: their 
 padded to one width, and the position of each row's first new token; the rows' blocks are then
 gathered into one (B, H_kv, S, D) copy per layer, S = the tables' width in positions. As the
 model's cache protocol (lmforge.model.cache.Cache) asks, every layer writes its new keys and
-values into the pool through the tables and into that copy, and attends over the copy. A decode
+values into that copy and attends over it; after the forward, `commit` writes the new positions
+into the pool through the tables, all layers at once. A decode
 batch that is the same a step later reuses its copy instead of gathering again. Keys past a
 row's own position are masked by attention (the per-row positions), so padding never matters.
 
@@ -106,15 +107,23 @@ class PagedKVCache:
         """Write k, v (B, H_kv, T, D) into the bound rows' copy; return its keys and values
         (B, H_kv, S, D)."""
         out = []
-        for pool, copy, new in zip(self.pools, self._copy, (k, v), strict=True):
-            _, h, _, _, d = pool.shape
-            new = new.transpose(0, 1).reshape(h, -1, d)  # (H_kv, B * T, D)
-            pool[layer].view(h, -1, d).index_copy_(1, self._pool_index, new)
+        for copy, new in zip(self._copy, (k, v), strict=True):
             rows = copy[layer]  # (H_kv, B, S, D)
+            h, d = rows.shape[0], rows.shape[3]
+            new = new.transpose(0, 1).reshape(h, -1, d)  # (H_kv, B * T, D)
             rows.view(h, -1, d).index_copy_(1, self._copy_index, new)
             rows = rows.transpose(0, 1)
             out.append(rows if self._kv_len is None else rows[:, :, : self._kv_len])
         return out[0], out[1]
+
+    def commit(self) -> None:
+        """Write the last forward's new keys and values from the bound rows' copy into the pool,
+        every layer at once. After the forward, not inside it: a compiled step that wrote into
+        the pool would copy the whole pool each step (Inductor keeps a mutated input whole)."""
+        for pool, copy in zip(self.pools, self._copy, strict=True):
+            n_layers, h, _, _, d = pool.shape
+            new = copy.view(n_layers, h, -1, d).index_select(2, self._copy_index)
+            pool.view(n_layers, h, -1, d).index_copy_(2, self._pool_index, new)
 
     def advance(self, n: int) -> None:
         """Positions belong to the engine, which moves each sequence on its own."""

@@ -43,7 +43,9 @@ class ModelRunner:
         ids = torch.tensor([seq.tokens[start:end]], dtype=torch.long, device=self.device)
         n_blocks = -(-end // self.cache.block_size)
         self.cache.bind(self._tables([seq.blocks[:n_blocks]]), start, end - start)
-        return self.model(ids, self.cache, last_only=True)[:, -1]
+        logits = self.model(ids, self.cache, last_only=True)[:, -1]
+        self.cache.commit()
+        return logits
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """Compute each sequence's newest token; the logits (len(seqs), vocab) after each."""
@@ -67,7 +69,9 @@ class ModelRunner:
         )
         tokens = [[s.tokens[-1]] for s in seqs] + [[0]] * pad
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        return self._step(ids)[: len(seqs)]
+        logits = self._step(ids)[: len(seqs)]
+        self.cache.commit()
+        return logits
 
     def _batch_unchanged(self, seqs: list[Sequence], rows: int) -> bool:
         """Whether the last decode batch's gathered cache still serves these sequences: the
@@ -93,7 +97,10 @@ class ModelRunner:
         tokens = [[s.tokens[-1], *d] for s, d in zip(seqs, drafts, strict=True)]
         positions = torch.tensor([s.computed for s in seqs], device=self.device)
         self.cache.bind(self._tables([s.blocks for s in seqs]), positions, len(tokens[0]))
-        return self.model(torch.tensor(tokens, dtype=torch.long, device=self.device), self.cache)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        logits = self.model(ids, self.cache)
+        self.cache.commit()
+        return logits
 
     def _tables(self, tables: list[list[int]]) -> torch.Tensor:
         width = max(len(t) for t in tables)

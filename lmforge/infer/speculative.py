@@ -117,6 +117,7 @@ class DraftModelProposer:
         table = torch.tensor([seq.blocks[:n_blocks]], dtype=torch.long, device=self.device)
         self.cache.bind(table, start, end - start)
         logits = self.model(ids, self.cache, last_only=True)[0, -1]
+        self.cache.commit()
         self._computed[seq] = end
         return logits
 

@@ -1,5 +1,5 @@
-"""GGUF export: an lmforge model as one llama.cpp "llama" file (f16, q8_0 or q4_0), and reading
-such a file back, through the `gguf` package (llama.cpp's own writer and reader).
+"""GGUF export: an lmforge model as one llama.cpp "llama" file (f32, f16, q8_0 or q4_0), and
+reading such a file back, through the `gguf` package (llama.cpp's own writer and reader).
 
 llama.cpp's "llama" architecture rotates interleaved channel pairs (2i, 2i+1), Meta's layout,
 while lmforge pairs channel i with i + head_dim/2 (rotate_half). So the rows of the q and k
@@ -41,7 +41,7 @@ from lmforge.tokenizer.chat_template import ChatTemplate
 from lmforge.tokenizer.hf_json import to_json
 from lmforge.tokenizer.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 
-TYPES = ("f16", "q8_0", "q4_0")
+TYPES = ("f32", "f16", "q8_0", "q4_0")
 PRE_TOKENIZERS = {GPT2_PATTERN: "gpt-2", GPT4_PATTERN: "llama-bpe"}
 
 # lmforge parameter names -> llama.cpp tensor names (without ".weight"); per block, then the rest.
@@ -164,7 +164,7 @@ def ggml_type(gguf: ModuleType, tensor: torch.Tensor, file_type: str) -> Any:
     q = gguf.GGMLQuantizationType
     if tensor.dim() < 2:
         return q.F32
-    wanted = {"f16": q.F16, "q8_0": q.Q8_0, "q4_0": q.Q4_0}[file_type]
+    wanted = {"f32": q.F32, "f16": q.F16, "q8_0": q.Q8_0, "q4_0": q.Q4_0}[file_type]
     block = gguf.GGML_QUANT_SIZES[wanted][0]
     return wanted if tensor.shape[-1] % block == 0 else q.F16
 
@@ -188,7 +188,12 @@ def _pre_tokenizer(tokenizer: Tokenizer) -> str:
 
 
 def _write_metadata(writer: Any, gguf: ModuleType, config: ModelConfig, file_type: str) -> None:
-    file_types = {"f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}
+    file_types = {
+        "f32": "ALL_F32",
+        "f16": "MOSTLY_F16",
+        "q8_0": "MOSTLY_Q8_0",
+        "q4_0": "MOSTLY_Q4_0",
+    }
     writer.add_file_type(int(gguf.LlamaFileType[file_types[file_type]]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_vocab_size(config.vocab_size)

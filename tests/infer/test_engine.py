@@ -70,6 +70,7 @@ def test_chunked_prefill_then_batched_decode_over_scattered_blocks_equals_a_full
                 continue
             cache.bind(torch.tensor([table]), start, end - start)
             logits = model(torch.tensor([seq[start:end]]), cache, last_only=True)[:, -1]
+            cache.commit()
         torch.testing.assert_close(
             logits, model(torch.tensor([seq[:n]]))[:, -1], atol=1e-5, rtol=1e-5
         )
@@ -78,6 +79,7 @@ def test_chunked_prefill_then_batched_decode_over_scattered_blocks_equals_a_full
         cache.bind(torch.tensor(tables), positions, 1)
         tokens = torch.tensor([[seq[int(p)]] for seq, p in zip(seqs, positions, strict=True)])
         logits = model(tokens, cache)[:, -1]
+        cache.commit()
         positions += 1
         for row, seq in enumerate(seqs):
             full = model(torch.tensor([seq[: int(positions[row])]]))[:, -1]

@@ -31,6 +31,7 @@ inline void dense_block(const float* x, int64_t K, const T* w, const float* scal
     typename V::reg xv[M];
     for (int m = 0; m < M; ++m) xv[m] = V::load(x + m * K + k);
     for (int r = 0; r < R; ++r) {
+      __builtin_prefetch(w + (n + r + R) * K + k);  // the next block's row: see int4_block
       typename V::reg wv = V::widen(w + (n + r) * K + k);
       for (int m = 0; m < M; ++m) acc[r][m] = V::fma(wv, xv[m], acc[r][m]);
     }
@@ -63,6 +64,9 @@ inline void int4_block(const float* x, const float* xsum, int64_t K, int64_t gro
         hi_x[m] = V::load(x + m * K + g * group + half + j);
       }
       for (int r = 0; r < R; ++r) {
+        // W's rows are a few hundred bytes, too short for the hardware prefetcher to get ahead
+        // within a block: each row asks for the same place in the next block's row (2-3x)
+        __builtin_prefetch(w + (n + r + R) * (K / 2) + g * half + j);
         typename V::reg lo, hi;
         V::nibbles(w + (n + r) * (K / 2) + g * half + j, lo, hi);
         for (int m = 0; m < M; ++m) {

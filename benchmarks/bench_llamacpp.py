@@ -1,0 +1,192 @@
+"""Batch-1 decode against llama.cpp on the same weights, at equal bits per weight, in one run.
+
+One Llama (d_model 768, 12 layers, 12 heads, SwiGLU 2048, a 4,096-token byte-level BPE
+tokenizer trained here on the standard library's source: about 85M parameters) is exported by
+lmforge's own GGUF writer in f32, f16, q8_0 and q4_0 and decoded by llama.cpp (the
+llama-cpp-python bindings); lmforge decodes the same float weights in fp32 and bf16, and their
+int8 and int4-g128 (round to nearest) quantizations, in its engine with the compiled decode
+step and weights laid out for one row (`lmforge chat` and `generate` run that way). Pairs of
+equal width:
+
+    fp32 vs f32, bf16 vs f16 (16 bits), int8 vs q8_0 (8.04 vs 8.5 bits per weight),
+    int4-g128 vs q4_0 (4.5 bits per weight each)
+
+Both sides use every core torch uses (llama.cpp's n_threads = torch.get_num_threads()), decode
+greedily with end of text ignored, from a 16-token prompt, and are timed by the wall clock from
+the first generated token to the last; repetitions alternate between the sides and each
+side's best is reported (the machine's noise only ever slows a run). The weights read per token
+are the planner's (plan.inference), so each rate is also given as GB/s.
+
+llama.cpp is not a dependency: install it with `pip install llama-cpp-python` (it compiles
+llama.cpp, several minutes). Without it this script says so and exits without writing.
+Writes benchmarks/results/llamacpp.json.
+
+    python benchmarks/bench_llamacpp.py [--reps 3] [--tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import platform
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch
+from bench_infer import NoSpecials
+
+from lmforge.atomic import write_json
+from lmforge.device.capability import cpu_capability
+from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.kernels import cpu_decode
+from lmforge.model import ModelConfig, Transformer
+from lmforge.plan.inference import quantized_bytes_read, weight_bytes_read
+from lmforge.plan.shapes import from_model_config
+from lmforge.quant.gguf import export_gguf
+from lmforge.quant.quantize import quantize_model
+from lmforge.tokenizer import train_bpe
+
+RESULTS = Path(__file__).parent / "results" / "llamacpp.json"
+PROMPT = 16
+PAIRS = {  # lmforge label: llama.cpp file type
+    "fp32": "f32",
+    "bf16": "f16",
+    "int8": "q8_0",
+    "int4-g128": "q4_0",
+}
+TARGETS = {"fp32": 0.8, "bf16": 0.8, "int8": 1.0, "int4-g128": 0.8}  # lmforge / llama.cpp
+
+
+def corpus(limit: int = 2_000_000) -> list[str]:
+    """Python files of the standard library, up to `limit` characters."""
+    texts, size = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        texts.append(path.read_text(errors="replace"))
+        size += len(texts[-1])
+        if size >= limit:
+            break
+    return texts
+
+
+def lmforge_models(model: Transformer) -> dict[str, Transformer]:
+    out = {"fp32": model, "bf16": copy.deepcopy(model).bfloat16()}
+    for label, scheme, group in (("int8", "int8", None), ("int4-g128", "int4", 128)):
+        out[label] = copy.deepcopy(model)
+        quantize_model(out[label], scheme, group)
+    return out
+
+
+def lmforge_rate(engine: Engine, prompt: list[int], n: int) -> float:
+    """Generated tokens/s from the first token to the last."""
+    handle = engine.submit(prompt, SamplingParams(max_tokens=n, temperature=0))
+    times = [time.perf_counter() for _ in handle]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def llamacpp_rate(llm, prompt: list[int], n: int) -> float:
+    llm.reset()
+    times = []
+    for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+        times.append(time.perf_counter())
+        if len(times) == n:
+            break
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def bytes_per_token(config: ModelConfig, label: str) -> float:
+    """The planner's weight bytes one decode step reads (lmforge's quantized heads stay fp32)."""
+    shape = from_model_config(label, config)
+    if label in ("fp32", "bf16"):
+        return weight_bytes_read(shape, 1, 4.0 if label == "fp32" else 2.0)
+    if label == "int8":
+        return quantized_bytes_read(shape, "int8")
+    return quantized_bytes_read(shape, "int4", 128)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("llama_cpp is not importable: pip install llama-cpp-python, then run this again")
+        sys.exit(0)
+    import llama_cpp
+
+    threads = torch.get_num_threads()
+    tokenizer = train_bpe(corpus(), vocab_size=4096, special_tokens=["<|endoftext|>"], workers=1)
+    config = ModelConfig(
+        vocab_size=4096, d_model=768, n_layers=12, n_heads=12, d_ff=2048, max_seq_len=1024
+    )
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    prompt = tokenizer.encode("def main(argv):\n    parser = argparse.ArgumentParser(")[:PROMPT]
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        llms = {}
+        for file_type in PAIRS.values():
+            path = Path(tmp) / f"model-{file_type}.gguf"
+            export_gguf(model, tokenizer, path, file_type)
+            llms[file_type] = Llama(
+                str(path), n_ctx=1024, n_threads=threads, n_batch=64, verbose=False
+            )
+        models = lmforge_models(model)
+        engines = {
+            label: Engine(
+                m, NoSpecials(), max_batch_size=1, compile=True, relayout_weights=True
+            ).__enter__()
+            for label, m in models.items()
+        }
+        for label, file_type in PAIRS.items():  # warm: compile, first touches of the weights
+            lmforge_rate(engines[label], prompt, 8)
+            llamacpp_rate(llms[file_type], prompt, 8)
+        best = {label: [0.0, 0.0] for label in PAIRS}
+        for _ in range(args.reps):
+            for label, file_type in PAIRS.items():
+                ours = lmforge_rate(engines[label], prompt, args.tokens)
+                theirs = llamacpp_rate(llms[file_type], prompt, args.tokens)
+                best[label] = [max(best[label][0], ours), max(best[label][1], theirs)]
+                print(f"{label:10s} lmforge {ours:7.1f} tok/s   llama.cpp {theirs:7.1f} tok/s")
+        for label, file_type in PAIRS.items():
+            ours, theirs = best[label]
+            gb = bytes_per_token(config, label) / 1e9
+            rows[label] = {
+                "llama_cpp_type": file_type,
+                "lmforge_tok_s": round(ours, 1),
+                "llama_cpp_tok_s": round(theirs, 1),
+                "ratio": round(ours / theirs, 3),
+                "target": TARGETS[label],
+                "lmforge_gb_s": round(ours * gb, 1),
+                "weight_layout": engines[label].weight_layout,
+            }
+            engines[label].__exit__(None, None, None)
+    int4, int8 = rows["int4-g128"]["lmforge_tok_s"], rows["int8"]["lmforge_tok_s"]
+    out = {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_capability().model or platform.processor(),
+        "decode_kernels": cpu_decode.isa_for(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "llama_cpp_python": llama_cpp.__version__,
+        "model": {"d_model": 768, "n_layers": 12, "vocab": 4096, "params": model.num_params()},
+        "prompt_tokens": PROMPT,
+        "generated_tokens": args.tokens,
+        "reps": args.reps,
+        "rows": rows,
+        "int4_over_int8": round(int4 / int8, 3),
+    }
+    write_json(RESULTS, out)
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
