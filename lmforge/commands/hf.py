@@ -11,7 +11,8 @@ import argparse
 
 from lmforge.errors import LmforgeError
 
-GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")  # quant/gguf.py's TYPES, spelled here to keep --help light
+# quant/gguf.py's TYPES, spelled here to keep --help light
+GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
