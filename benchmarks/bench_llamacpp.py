@@ -11,7 +11,7 @@ equal width:
     fp32 vs f32, bf16 vs f16 (16 bits), int8 vs q8_0 (8.04 vs 8.5 bits per weight),
     int4-g128 vs q4_0 (4.5 bits per weight each)
 
-Both sides use every core torch uses (llama.cpp's n_threads = torch.get_num_threads()), decode
+Both sides use the same number of threads (--threads, default torch's: every core), decode
 greedily with end of text ignored, from a 16-token prompt, and are timed by the wall clock from
 the first generated token to the last; repetitions alternate between the sides and each
 side's best is reported (the machine's noise only ever slows a run). The weights read per token
@@ -21,7 +21,7 @@ llama.cpp is not a dependency: install it with `pip install llama-cpp-python` (i
 llama.cpp, several minutes). Without it this script says so and exits without writing.
 Writes benchmarks/results/llamacpp.json.
 
-    python benchmarks/bench_llamacpp.py [--reps 3] [--tokens 128]
+    python benchmarks/bench_llamacpp.py [--reps 3] [--tokens 128] [--threads N]
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     try:
         from llama_cpp import Llama
@@ -122,7 +123,8 @@ def main() -> None:
         sys.exit(0)
     import llama_cpp
 
-    threads = torch.get_num_threads()
+    threads = args.threads
+    torch.set_num_threads(threads)
     tokenizer = train_bpe(corpus(), vocab_size=4096, special_tokens=["<|endoftext|>"], workers=1)
     config = ModelConfig(
         vocab_size=4096, d_model=768, n_layers=12, n_heads=12, d_ff=2048, max_seq_len=1024
