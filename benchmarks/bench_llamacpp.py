@@ -61,7 +61,6 @@ PAIRS = {  # lmforge label: llama.cpp file type
     "int8": "q8_0",
     "int4-g128": "q4_0",
 }
-TARGETS = {"fp32": 0.8, "bf16": 0.8, "int8": 1.0, "int4-g128": 0.8}  # lmforge / llama.cpp
 
 
 def corpus(limit: int = 2_000_000) -> list[str]:
@@ -166,7 +165,6 @@ def main() -> None:
                 "lmforge_tok_s": round(ours, 1),
                 "llama_cpp_tok_s": round(theirs, 1),
                 "ratio": round(ours / theirs, 3),
-                "target": TARGETS[label],
                 "lmforge_gb_s": round(ours * gb, 1),
                 "weight_layout": engines[label].weight_layout,
             }
