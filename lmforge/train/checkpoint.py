@@ -7,7 +7,8 @@ batches depend only on (seed, step), so the torch RNG is the only generator stat
 `config.json`'s run config also records, under `trained_on`, the token shards and documents the
 run trained on, so `lmforge eval` defaults to the run's own validation split.
 It is written under a temporary name and renamed, so an interrupted save never leaves a half
-checkpoint where a complete one is expected. A run on many processes writes a distributed
+checkpoint where a complete one is expected; a save that fails (a full disk) removes its
+temporary folder. A run on many processes writes a distributed
 checkpoint instead, with the weights and optimizer state as per-rank shards in `dcp/`
 (lmforge.train.checkpoint_dcp); it resumes at any layout and loads for inference like any other.
 
@@ -62,9 +63,13 @@ def save_checkpoint(
     tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_module(model, tmp / "model.safetensors")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
+    try:
+        save_module(model, tmp / "model.safetensors")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
+    except BaseException:  # a full disk, Ctrl-C: the half-written folder goes, its space too
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
