@@ -65,7 +65,7 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     try:
         save_module(model, tmp / "model.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
         _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
     except BaseException:  # a full disk, Ctrl-C: the half-written folder goes, its space too
         shutil.rmtree(tmp, ignore_errors=True)
@@ -120,10 +120,17 @@ def _write_metadata(
     if spec is not None:  # the adapters are in model.safetensors beside the frozen weights
         config["lora"] = spec.to_dict()
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
+    _torch_save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
     (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, tmp / "tokenizer")
+
+
+def _torch_save(obj: object, path: Path) -> None:
+    """`torch.save` through a Python file: given a path, torch's own writer reports a full disk
+    as "unexpected pos"; through a file, the OSError (ENOSPC) comes with it."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def _keep_newest(checkpoints_dir: Path, keep_last: int) -> None:

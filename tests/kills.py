@@ -1,0 +1,222 @@
+"""SIGKILL at random moments: a command run to its end through kills, and the check that what a
+killed process left is whole wherever a reader looks.
+
+The killed-run tests of pretraining (tests/train/test_robustness.py), SFT and GRPO
+(tests/posttrain/) and the data pipeline and tokenizing (tests/data/test_killed_runs.py) kill
+their command `KILLS` times each, at moments drawn from a generator seeded with `SEED`, then
+let it finish and compare its result with an uninterrupted run's. `make test` kills each once;
+the full run, 5 kills in each of the 4 tests, 20 in all:
+
+    LMFORGE_KILLS=5 pytest -p no:xdist -s tests -k killed
+
+prints one `killed runs:` line per test (kills made, resumes, results identical).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+KILLS = int(os.environ.get("LMFORGE_KILLS", "1"))
+SEED = int(os.environ.get("LMFORGE_KILL_SEED", "0"))
+DEADLINE_S = 300  # for one attempt, a generous bound on a loaded machine: a hang fails
+
+
+@dataclass
+class Attempt:
+    """One start of the command: killed `after_s` seconds after it was ready, or finished."""
+
+    killed: bool
+    after_s: float
+    stdout: str
+
+
+@dataclass
+class KillLog:
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def kills(self) -> int:
+        return sum(a.killed for a in self.attempts)
+
+    def summary(self, name: str, identical: bool) -> str:
+        moments = ", ".join(f"{a.after_s:.2f}" for a in self.attempts if a.killed)
+        line = (
+            f"killed runs: {name}: {self.kills} kills (at {moments} s after each start was "
+            f"ready), {len(self.attempts) - 1} resumes, identical to an uninterrupted run: "
+            f"{identical}"
+        )
+        print(line)
+        return line
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "LMFORGE_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+
+
+def lmforge(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lmforge", *args]
+
+
+def newest_write(folder: Path) -> float:
+    """The newest modification time of anything under `folder` (0 when there is nothing)."""
+    if not folder.exists():
+        return 0.0
+    times = [p.stat().st_mtime for p in folder.rglob("*") if _exists(p)]
+    return max(times, default=0.0)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        path.stat()
+    except FileNotFoundError:  # removed while we looked (a temporary renamed)
+        return False
+    return True
+
+
+def wrote_since(folder: Path) -> Callable[[float], bool]:
+    """Ready once the process wrote something under `folder` (its imports are behind it)."""
+    return lambda started: newest_write(folder) >= started
+
+
+def run_through_kills(
+    command: list[str],
+    folder: Path,
+    kills: int,
+    spread_s: float,
+    rng: random.Random,
+    check: Callable[[], None],
+    first_ready: Callable[[float], bool] | None = None,
+    reset: Callable[[], None] | None = None,
+) -> KillLog:
+    """Run `command` until it exits 0, SIGKILLing it (its whole process group) `kills` times.
+
+    Each start waits until it is ready (the first: `first_ready`, when given; the others once
+    they wrote under `folder`), then a moment drawn from [0, `spread_s`); a start that finishes
+    first is not killed and ends the run (its callers give a spread under their command's
+    length). A first start that finished before its moment (a machine faster than when the
+    spread was measured) is undone by `reset`, when given, and tried again with half the spread,
+    so at least one kill lands. After each kill `check()` looks at what was left."""
+    log = KillLog()
+    out_dir = folder.parent / f".{folder.name}.logs"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        n = len(log.attempts)
+        stdout, stderr = out_dir / f"{n}.out", out_dir / f"{n}.err"
+        started = time.time() - 1.0  # mtimes are coarse on some file systems
+        with open(stdout, "w") as so, open(stderr, "w") as se:
+            proc = subprocess.Popen(
+                command, env=env(), stdout=so, stderr=se, start_new_session=True
+            )
+        ready = first_ready if n == 0 and first_ready is not None else wrote_since(folder)
+        killed, after = False, 0.0
+        if log.kills < kills:
+            deadline = time.monotonic() + DEADLINE_S
+            while proc.poll() is None and not ready(started):
+                assert time.monotonic() < deadline, f"attempt {n} never got ready: {command}"
+                time.sleep(0.01)
+            after = rng.uniform(0, spread_s)
+            end = time.monotonic() + after
+            while proc.poll() is None and time.monotonic() < end:
+                time.sleep(0.005)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+        code = proc.wait(timeout=DEADLINE_S)
+        log.attempts.append(Attempt(killed, after, stdout.read_text()))
+        if killed:
+            assert code == -signal.SIGKILL, (code, stderr.read_text()[-3000:])
+            check()
+            continue
+        assert code == 0, stderr.read_text()[-3000:]
+        if log.kills == 0 and kills and reset is not None and len(log.attempts) < 5:
+            reset()
+            log.attempts.clear()
+            spread_s /= 2
+            continue
+        return log
+
+
+def timed_run(command: list[str], folder: Path) -> float:
+    """Run `command` uninterrupted; seconds from its first write under `folder` to its exit."""
+    proc = subprocess.Popen(
+        command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    first = None
+    while proc.poll() is None:
+        if first is None and folder.exists() and any(folder.iterdir()):
+            first = time.monotonic()
+        time.sleep(0.01)
+    end = time.monotonic()
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    proc.stderr.close()
+    return end - (first or end)
+
+
+def _is_temporary(path: Path, root: Path) -> bool:
+    """Named as a temporary: a dot name (`.x.123.tmp`, `.step_4.tmp/`) or `*.tmp` anywhere."""
+    parts = path.relative_to(root).parts
+    return any(p.startswith(".") or ".tmp" in p for p in parts)
+
+
+def assert_whole(root: Path) -> list[Path]:
+    """Every file under `root` not named as a temporary reads whole by its format; returns
+    them. An append-only `.jsonl` log may end in the line a kill cut short, which its readers
+    drop (train/metrics.py); any other line must parse."""
+    import safetensors.torch
+    import torch
+
+    from lmforge.config import read_toml
+
+    checked = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or _is_temporary(path, root):
+            continue
+        suffix, text = path.suffix, None
+        if suffix in (".json", ".toml", ".jsonl", ".md", ".txt"):
+            text = path.read_text(encoding="utf-8")
+        if suffix == ".json":
+            json.loads(text)
+        elif suffix == ".toml":
+            read_toml(path)
+        elif suffix == ".jsonl":
+            lines = text.split("\n")
+            for line in lines[:-1]:
+                json.loads(line)
+            assert lines[-1] == "" or path.name == "metrics.jsonl", path
+        elif suffix == ".safetensors":
+            safetensors.torch.load_file(path)
+        elif suffix == ".pt":
+            torch.load(path, weights_only=True)
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                [data[k] for k in data.files]
+        elif suffix == ".zst":
+            import zstandard
+
+            zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).read()
+        checked.append(path)
+    return checked
+
+
+def assert_checkpoints_whole(run: Path) -> None:
+    """Every `checkpoints/step_N` folder is complete: a whole checkpoint or none at all."""
+    from lmforge.train.checkpoint_dir import list_checkpoints
+
+    folder = run / "checkpoints"
+    named = sorted(p for p in folder.glob("step_*")) if folder.is_dir() else []
+    assert sorted(list_checkpoints(folder)) == named
+    expected = {"model.safetensors", "optimizer.pt", "trainer_state.pt", "config.json"}
+    for checkpoint in named:
+        assert expected <= {p.name for p in checkpoint.iterdir()}, checkpoint
+    assert_whole(run)
