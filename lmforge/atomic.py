@@ -6,9 +6,9 @@ rename is atomic within a directory. A failed write removes the temporary and le
 file as it was.
 
 A write that fails because the disk (or the user's quota) is full says so in one line through
-`disk_full_is_an_error`, wherever lmforge writes something a run resumes from: checkpoints
-(train/checkpointer.py), document shards (data/pipeline/writers.py) and token shards
-(tokens/shards.py).
+`disk_full_is_an_error`, wherever a run writes what it resumes from: checkpoints and the
+metrics log (train/checkpointer.py, train/metrics.py), the data pipeline's shards
+(data/pipeline/passes.py) and token shards (tokens/shards.py).
 """
 
 from __future__ import annotations

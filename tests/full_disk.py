@@ -20,10 +20,11 @@ class _Filling:
         self._f, self._room = f, room
 
     def write(self, data: Any) -> int:
-        fits = memoryview(data).cast("B")[: self._room]
+        whole = data if isinstance(data, str) else memoryview(data).cast("B")
+        fits = whole[: self._room]  # a text file's characters count as bytes: ASCII here
         self._f.write(fits)
         self._room -= len(fits)
-        if len(fits) < memoryview(data).nbytes:
+        if len(fits) < len(whole):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return len(fits)
 

@@ -29,6 +29,13 @@ import numpy as np
 
 KILLS = int(os.environ.get("LMFORGE_KILLS", "1"))
 SEED = int(os.environ.get("LMFORGE_KILL_SEED", "0"))
+
+
+def kill_rng(name: str) -> random.Random:
+    """The moments' generator of one test: `SEED` and the test's name."""
+    return random.Random(f"{SEED}:{name}")
+
+
 DEADLINE_S = 300  # for one attempt, a generous bound on a loaded machine: a hang fails
 
 
@@ -84,9 +91,12 @@ def _exists(path: Path) -> bool:
     return True
 
 
-def wrote_since(folder: Path) -> Callable[[float], bool]:
-    """Ready once the process wrote something under `folder` (its imports are behind it)."""
-    return lambda started: newest_write(folder) >= started
+def newest_checkpoint(run: Path) -> int:
+    """The step of the newest complete checkpoint in `run` (0 when there is none)."""
+    from lmforge.train.checkpoint_dir import list_checkpoints
+
+    found = list_checkpoints(run / "checkpoints")
+    return int(found[-1].name.removeprefix("step_")) if found else 0
 
 
 def run_through_kills(
@@ -96,17 +106,19 @@ def run_through_kills(
     spread_s: float,
     rng: random.Random,
     check: Callable[[], None],
-    first_ready: Callable[[float], bool] | None = None,
+    progress: Callable[[], int] | None = None,
     reset: Callable[[], None] | None = None,
 ) -> KillLog:
     """Run `command` until it exits 0, SIGKILLing it (its whole process group) `kills` times.
 
-    Each start waits until it is ready (the first: `first_ready`, when given; the others once
-    they wrote under `folder`), then a moment drawn from [0, `spread_s`); a start that finishes
-    first is not killed and ends the run (its callers give a spread under their command's
-    length). A first start that finished before its moment (a machine faster than when the
-    spread was measured) is undone by `reset`, when given, and tried again with half the spread,
-    so at least one kill lands. After each kill `check()` looks at what was left."""
+    Each start waits until it is ready, then a moment drawn from [0, `spread_s`). Ready: with
+    `progress` (say, the newest checkpoint's step), once it has grown since the start, so each
+    kill lands further into the run than the one before; without, once the process wrote under
+    `folder` (its imports behind it). A start that finishes first is not killed and ends the
+    run (its callers give a spread under their command's length). A first start that finished
+    before its moment (a machine faster than when the spread was measured) is undone by
+    `reset`, when given, and tried again with half the spread, so at least one kill lands.
+    After each kill `check()` looks at what was left."""
     log = KillLog()
     out_dir = folder.parent / f".{folder.name}.logs"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,15 +126,16 @@ def run_through_kills(
         n = len(log.attempts)
         stdout, stderr = out_dir / f"{n}.out", out_dir / f"{n}.err"
         started = time.time() - 1.0  # mtimes are coarse on some file systems
+        before = progress() if progress is not None else 0
         with open(stdout, "w") as so, open(stderr, "w") as se:
             proc = subprocess.Popen(
                 command, env=env(), stdout=so, stderr=se, start_new_session=True
             )
-        ready = first_ready if n == 0 and first_ready is not None else wrote_since(folder)
+
         killed, after = False, 0.0
         if log.kills < kills:
             deadline = time.monotonic() + DEADLINE_S
-            while proc.poll() is None and not ready(started):
+            while proc.poll() is None and not _ready(progress, before, folder, started):
                 assert time.monotonic() < deadline, f"attempt {n} never got ready: {command}"
                 time.sleep(0.01)
             after = rng.uniform(0, spread_s)
@@ -145,6 +158,12 @@ def run_through_kills(
             spread_s /= 2
             continue
         return log
+
+
+def _ready(progress: Callable[[], int] | None, before: int, folder: Path, started: float) -> bool:
+    if progress is not None:
+        return progress() > before
+    return newest_write(folder) >= started
 
 
 def timed_run(command: list[str], folder: Path) -> float:

@@ -8,9 +8,9 @@ batches depend only on (seed, step), so the torch RNG is the only generator stat
 run trained on, so `lmforge eval` defaults to the run's own validation split.
 It is written under a temporary name and renamed, so an interrupted save never leaves a half
 checkpoint where a complete one is expected; a save that fails (a full disk) removes its
-temporary folder. A run on many processes writes a distributed
-checkpoint instead, with the weights and optimizer state as per-rank shards in `dcp/`
-(lmforge.train.checkpoint_dcp); it resumes at any layout and loads for inference like any other.
+temporary folder. A run on many processes writes a distributed checkpoint instead, with the
+weights and optimizer state as per-rank shards in `dcp/` (lmforge.train.checkpoint_dcp); it
+resumes at any layout and loads for inference like any other.
 
 `load_checkpoint` is the one way a command (generate, chat, serve, eval, export, speedrun) loads
 a model: it checks the device, then the folder (missing, a Hugging Face folder, a config of

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lmforge.tokenizer import train_bpe
-from tests.kills import KILLS, SEED, assert_whole, lmforge, run_through_kills, timed_run
+from tests.kills import KILLS, assert_whole, kill_rng, lmforge, run_through_kills, timed_run
 
 WORDS = " ".join(
     [
@@ -72,11 +72,10 @@ def _assert_token_folder_whole(folder):
 
 
 def test_killed_pipeline_and_tokenize_end_with_the_shards_of_an_unbroken_run(documents, tmp_path):
-    rng = random.Random(SEED)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     spread = 0.8 * timed_run(_pipeline(documents, straight), straight) / KILLS
     log = run_through_kills(
-        _pipeline(documents, killed), killed, KILLS, spread, rng,
+        _pipeline(documents, killed), killed, KILLS, spread, kill_rng("data pipeline"),
         lambda: assert_whole(killed), reset=lambda: shutil.rmtree(killed),
     )  # fmt: skip
     assert sorted(_files(straight)) == sorted(_files(killed))
@@ -100,7 +99,7 @@ def test_killed_pipeline_and_tokenize_end_with_the_shards_of_an_unbroken_run(doc
     tokens_straight, tokens_killed = tmp_path / "tokens", tmp_path / "tokens_killed"
     spread = 0.8 * timed_run(tokenize(tokens_straight), tokens_straight)
     log = run_through_kills(
-        tokenize(tokens_killed), tokens_killed, KILLS, spread, rng,
+        tokenize(tokens_killed), tokens_killed, KILLS, spread, kill_rng("tokenize"),
         lambda: _assert_token_folder_whole(tokens_killed),
         reset=lambda: shutil.rmtree(tokens_killed),
     )  # fmt: skip

@@ -3,7 +3,6 @@ resume and the report."""
 
 import json
 import math
-import random
 import shutil
 import sys
 import time
@@ -29,7 +28,13 @@ from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config
 from lmforge.train.guard import Diverged
 from lmforge.train.metrics import read_metrics
-from tests.kills import KILLS, SEED, assert_checkpoints_whole, run_through_kills
+from tests.kills import (
+    KILLS,
+    assert_checkpoints_whole,
+    kill_rng,
+    newest_checkpoint,
+    run_through_kills,
+)
 from tests.posttrain.rl_main import digits_task
 
 RL_MAIN = Path(__file__).with_name("rl_main.py")
@@ -210,22 +215,22 @@ def _cli_flags(base, out, steps: int) -> list[str]:
 def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
     base_checkpoint, tmp_path
 ):
-    """SIGKILL (no chance to save) at random moments (tests/kills.py), the first once the
-    step-2 checkpoint is written: the same command resumes each time from the newest complete
-    checkpoint, never finds a half-written file, and ends where an unbroken run ends."""
+    """SIGKILL (no chance to save) at random moments (tests/kills.py), each after a new
+    checkpoint: the same command resumes each time from the newest complete checkpoint, never
+    finds a half-written file, and ends where an unbroken run ends."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
+    steps = 6  # a checkpoint each: room for 5 kills, each after a new checkpoint
     start = time.monotonic()
     with digits_task():
-        assert main(_cli_flags(base_checkpoint, straight, 5)) == 0
-    spread = 0.5 * (time.monotonic() - start) / KILLS
+        assert main(_cli_flags(base_checkpoint, straight, steps)) == 0
+    spread = 0.6 * (time.monotonic() - start) / KILLS
     log = run_through_kills(
-        [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, killed, 5)], killed, KILLS,
-        spread, random.Random(SEED), lambda: assert_checkpoints_whole(killed),
-        first_ready=lambda started: (killed / "checkpoints" / "step_2").is_dir(),
-        reset=lambda: shutil.rmtree(killed),
+        [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, killed, steps)], killed, KILLS,
+        spread, kill_rng("grpo"), lambda: assert_checkpoints_whole(killed),
+        progress=lambda: newest_checkpoint(killed), reset=lambda: shutil.rmtree(killed),
     )  # fmt: skip
     assert "rl: resuming from" in log.attempts[-1].stdout
-    assert [m["step"] for m in _untimed(killed)] == list(range(1, 6))
+    assert [m["step"] for m in _untimed(killed)] == list(range(1, steps + 1))
     a, b = (load_checkpoint(run)[0].state_dict() for run in (straight, killed))
     identical = _untimed(killed) == _untimed(straight) and all(
         torch.equal(x, b[name]) for name, x in a.items()

@@ -17,7 +17,15 @@ from lmforge.tokenizer import train_bpe
 from lmforge.tokenizer.chat_template import IM_END, ChatTemplate, Message
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.metrics import read_metrics
-from tests.kills import KILLS, SEED, assert_checkpoints_whole, lmforge, run_through_kills, timed_run
+from tests.kills import (
+    KILLS,
+    assert_checkpoints_whole,
+    kill_rng,
+    lmforge,
+    newest_checkpoint,
+    run_through_kills,
+    timed_run,
+)
 
 CONVERSATION = [
     Message("system", "Be brief."),
@@ -223,20 +231,19 @@ def test_a_lora_run_writes_a_peft_adapter_that_loads_merged(
 def test_sft_killed_at_random_moments_resumes_exactly(
     base_checkpoint, conversations_file, tmp_path
 ):
-    """SIGKILL at random moments (tests/kills.py), the first after the step-20 checkpoint: the
-    same command resumes each time, never finds a half-written file, and ends with the metrics
-    and weights of an uninterrupted run."""
-    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=20")
+    """SIGKILL at random moments (tests/kills.py), each after a new checkpoint: the same
+    command resumes each time, never finds a half-written file, and ends with the metrics and
+    weights of an uninterrupted run."""
+    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=10")
     killed, straight = tmp_path / "killed", tmp_path / "straight"
 
     def command(out):
         return lmforge(*_sft_args(base_checkpoint, conversations_file, out, *extra))
 
-    spread = 0.5 * timed_run(command(straight), straight) / KILLS
+    spread = 0.6 * timed_run(command(straight), straight) / KILLS
     log = run_through_kills(
-        command(killed), killed, KILLS, spread, random.Random(SEED),
-        lambda: assert_checkpoints_whole(killed),
-        first_ready=lambda started: (killed / "checkpoints" / "step_20").exists(),
+        command(killed), killed, KILLS, spread, kill_rng("sft"),
+        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
         reset=lambda: shutil.rmtree(killed),
     )  # fmt: skip
     assert "resuming from" in log.attempts[-1].stdout

@@ -4,7 +4,6 @@ a full disk during a checkpoint."""
 import errno
 import json
 import os
-import random
 import shutil
 import signal
 import sys
@@ -22,7 +21,15 @@ from lmforge.train import list_checkpoints, train
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.config import train_config
 from lmforge.train.metrics import read_metrics
-from tests.kills import KILLS, SEED, assert_checkpoints_whole, run_through_kills, timed_run
+from tests.full_disk import fill_disk
+from tests.kills import (
+    KILLS,
+    assert_checkpoints_whole,
+    kill_rng,
+    newest_checkpoint,
+    run_through_kills,
+    timed_run,
+)
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 
@@ -141,7 +148,7 @@ def _lmforge(shard_dir, out):
         "--max-steps",
         "100",
         "--set",
-        "train.checkpoint.every=20",
+        "train.checkpoint.every=10",
         "--set",
         "train.eval.every=50",
         "--set",
@@ -150,15 +157,14 @@ def _lmforge(shard_dir, out):
 
 
 def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(prepared, tmp_path):
-    """SIGKILL (no chance to save) at random moments (tests/kills.py), the first after the
-    step-20 checkpoint: the same command resumes each time, never finds a half-written file,
-    and ends with the metrics and weights of an uninterrupted run."""
+    """SIGKILL (no chance to save) at random moments (tests/kills.py), each after a new
+    checkpoint: the same command resumes each time, never finds a half-written file, and ends
+    with the metrics and weights of an uninterrupted run."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    spread = 0.5 * timed_run(_lmforge(prepared.shard_dir, straight), straight) / KILLS
+    spread = 0.6 * timed_run(_lmforge(prepared.shard_dir, straight), straight) / KILLS
     log = run_through_kills(
-        _lmforge(prepared.shard_dir, killed), killed, KILLS, spread, random.Random(SEED),
-        lambda: assert_checkpoints_whole(killed),
-        first_ready=lambda started: (killed / "checkpoints" / "step_20").exists(),
+        _lmforge(prepared.shard_dir, killed), killed, KILLS, spread, kill_rng("pretraining"),
+        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
         reset=lambda: shutil.rmtree(killed),
     )  # fmt: skip
     assert "resuming from" in log.attempts[-1].stdout
@@ -252,3 +258,17 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes_from_th
     assert main(args) == 0
     assert f"resuming from {checkpoints / 'step_4'} (step 4)" in capsys.readouterr().out
     assert [p.name for p in list_checkpoints(checkpoints)] == ["step_8", "step_12"]
+
+
+def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path, monkeypatch):
+    import lmforge.train.metrics as metrics_module
+    from lmforge.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write(step=1, loss=2.0)
+    fill_disk(monkeypatch, metrics_module, lambda path: path.name == "metrics.jsonl", room=5)
+    with pytest.raises(LmforgeError, match=r"^no space left on the device writing the metrics"):
+        log.write(step=2, loss=1.5)
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "loss": 2.0}
+    ]  # cut line dropped

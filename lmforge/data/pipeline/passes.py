@@ -178,6 +178,7 @@ def run_task(task: dict) -> dict:
             save_arrays(path, collector.pack(keys))
         stats.append(collector.stats)
     result = {"pass": p.index, "shard": s, "stats": [st.to_dict() for st in stats]}
-    write_json(layout.stats(p.index, s), result)
-    layout.done(p.index, s).touch()
+    with disk_full_is_an_error("task stats", layout.stats(p.index, s), DISK_FULL_FIX):
+        write_json(layout.stats(p.index, s), result)
+        layout.done(p.index, s).touch()
     return result
