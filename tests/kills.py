@@ -46,6 +46,7 @@ class Attempt:
     killed: bool
     after_s: float
     stdout: str
+    progress: int | None = None  # what `progress` said when it was killed
 
 
 @dataclass
@@ -57,11 +58,15 @@ class KillLog:
         return sum(a.killed for a in self.attempts)
 
     def summary(self, name: str, identical: bool) -> str:
-        moments = ", ".join(f"{a.after_s:.2f}" for a in self.attempts if a.killed)
+        killed = [a for a in self.attempts if a.killed]
+        moments = ", ".join(f"{a.after_s:.2f}" for a in killed)
+        where = ""
+        if killed and killed[0].progress is not None:
+            where = f"; newest checkpoint when killed: {', '.join(str(a.progress) for a in killed)}"
         line = (
             f"killed runs: {name}: {self.kills} kills (at {moments} s after each start was "
-            f"ready), {len(self.attempts) - 1} resumes, identical to an uninterrupted run: "
-            f"{identical}"
+            f"ready{where}), {len(self.attempts) - 1} resumes, identical to an uninterrupted "
+            f"run: {identical}"
         )
         print(line)
         return line
@@ -146,7 +151,8 @@ def run_through_kills(
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed = True
         code = proc.wait(timeout=DEADLINE_S)
-        log.attempts.append(Attempt(killed, after, stdout.read_text()))
+        at = progress() if killed and progress is not None else None
+        log.attempts.append(Attempt(killed, after, stdout.read_text(), at))
         if killed:
             assert code == -signal.SIGKILL, (code, stderr.read_text()[-3000:])
             check()

@@ -134,8 +134,15 @@ def _torch_save(obj: object, path: Path) -> None:
 
 
 def _keep_newest(checkpoints_dir: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` checkpoints, each renamed out of sight first: a
+    process killed mid-way leaves a hidden `.step_N.old`, never a half-removed `step_N`; the
+    next save removes it."""
+    for trash in checkpoints_dir.glob(f".{STEP_PREFIX}*.old"):  # a killed removal's
+        shutil.rmtree(trash, ignore_errors=True)
     for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
-        shutil.rmtree(old)
+        trash = old.with_name(f".{old.name}.old")
+        os.replace(old, trash)
+        shutil.rmtree(trash)
 
 
 def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:

@@ -223,7 +223,7 @@ def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
     start = time.monotonic()
     with digits_task():
         assert main(_cli_flags(base_checkpoint, straight, steps)) == 0
-    spread = 0.6 * (time.monotonic() - start) / KILLS
+    spread = 0.5 * (time.monotonic() - start) / (KILLS + 1)
     log = run_through_kills(
         [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, killed, steps)], killed, KILLS,
         spread, kill_rng("grpo"), lambda: assert_checkpoints_whole(killed),

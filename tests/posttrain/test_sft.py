@@ -234,13 +234,13 @@ def test_sft_killed_at_random_moments_resumes_exactly(
     """SIGKILL at random moments (tests/kills.py), each after a new checkpoint: the same
     command resumes each time, never finds a half-written file, and ends with the metrics and
     weights of an uninterrupted run."""
-    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=10")
+    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=5")
     killed, straight = tmp_path / "killed", tmp_path / "straight"
 
     def command(out):
         return lmforge(*_sft_args(base_checkpoint, conversations_file, out, *extra))
 
-    spread = 0.6 * timed_run(command(straight), straight) / KILLS
+    spread = 0.5 * timed_run(command(straight), straight) / (KILLS + 1)
     log = run_through_kills(
         command(killed), killed, KILLS, spread, kill_rng("sft"),
         lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
