@@ -2,18 +2,20 @@
 killed process left is whole wherever a reader looks.
 
 The killed-run tests of pretraining (tests/train/test_robustness.py), SFT and GRPO
-(tests/posttrain/) and the data pipeline and tokenizing (tests/data/test_killed_runs.py) kill
-their command `KILLS` times each, at moments drawn from a generator seeded with `SEED`, then
-let it finish and compare its result with an uninterrupted run's. `make test` kills each once;
-the full run, 5 kills in each of the 4 tests, 20 in all:
+(tests/posttrain/), the data pipeline and tokenizing (tests/data/test_killed_runs.py) kill
+their command `KILLS` times each, at moments drawn from a generator seeded with `SEED` and the
+test's name, then let it finish and compare its result with an uninterrupted run's (metrics
+and final weights; shards byte for byte). After every kill, each file under a final name must
+read whole. `make test` kills each once; the full run, 5 kills in each of the 5 commands:
 
     LMFORGE_KILLS=5 pytest -p no:xdist -s tests -k killed
 
-prints one `killed runs:` line per test (kills made, resumes, results identical).
+prints one `killed runs:` line per command (kills made, when, resumes, results identical).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -29,14 +31,12 @@ import numpy as np
 
 KILLS = int(os.environ.get("LMFORGE_KILLS", "1"))
 SEED = int(os.environ.get("LMFORGE_KILL_SEED", "0"))
+DEADLINE_S = 300  # for one attempt, a generous bound on a loaded machine: a hang fails
 
 
 def kill_rng(name: str) -> random.Random:
     """The moments' generator of one test: `SEED` and the test's name."""
     return random.Random(f"{SEED}:{name}")
-
-
-DEADLINE_S = 300  # for one attempt, a generous bound on a loaded machine: a hang fails
 
 
 @dataclass
@@ -172,19 +172,28 @@ def _ready(progress: Callable[[], int] | None, before: int, folder: Path, starte
     return newest_write(folder) >= started
 
 
-def timed_run(command: list[str], folder: Path) -> float:
-    """Run `command` uninterrupted; seconds from its first write under `folder` to its exit."""
+def timed_run(command: list[str], folder: Path, progress: Callable[[], int] | None = None) -> float:
+    """Run `command` uninterrupted. Seconds from its first write under `folder` to its exit;
+    with `progress`, the median seconds between two of its values (one checkpoint interval:
+    what a kill drawn after a new checkpoint should spread over)."""
     proc = subprocess.Popen(
         command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    first = None
+    first, changes, last = None, [], 0
     while proc.poll() is None:
         if first is None and folder.exists() and any(folder.iterdir()):
             first = time.monotonic()
-        time.sleep(0.01)
+        if progress is not None and progress() != last:
+            changes.append(time.monotonic())
+            last = progress()
+        time.sleep(0.005)
     end = time.monotonic()
     assert proc.returncode == 0, proc.stderr.read()[-3000:]
     proc.stderr.close()
+    if progress is not None:
+        gaps = sorted(b - a for a, b in itertools.pairwise(changes))
+        assert gaps, "the run made no progress twice"
+        return gaps[len(gaps) // 2]
     return end - (first or end)
 
 

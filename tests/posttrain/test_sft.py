@@ -240,7 +240,7 @@ def test_sft_killed_at_random_moments_resumes_exactly(
     def command(out):
         return lmforge(*_sft_args(base_checkpoint, conversations_file, out, *extra))
 
-    spread = 0.5 * timed_run(command(straight), straight) / (KILLS + 1)
+    spread = timed_run(command(straight), straight, lambda: newest_checkpoint(straight))
     log = run_through_kills(
         command(killed), killed, KILLS, spread, kill_rng("sft"),
         lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),

@@ -161,7 +161,9 @@ def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(prep
     checkpoint: the same command resumes each time, never finds a half-written file, and ends
     with the metrics and weights of an uninterrupted run."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    spread = 0.5 * timed_run(_lmforge(prepared.shard_dir, straight), straight) / (KILLS + 1)
+    spread = timed_run(  # a checkpoint interval's seconds
+        _lmforge(prepared.shard_dir, straight), straight, lambda: newest_checkpoint(straight)
+    )
     log = run_through_kills(
         _lmforge(prepared.shard_dir, killed), killed, KILLS, spread, kill_rng("pretraining"),
         lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
