@@ -5,7 +5,6 @@ import json
 import math
 import shutil
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,8 +33,8 @@ from tests.kills import (
     kill_rng,
     newest_checkpoint,
     run_through_kills,
+    timed_run,
 )
-from tests.posttrain.rl_main import digits_task
 
 RL_MAIN = Path(__file__).with_name("rl_main.py")
 
@@ -220,14 +219,15 @@ def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
     finds a half-written file, and ends where an unbroken run ends."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
     steps = 6  # a checkpoint each: room for 5 kills, each after a new checkpoint
-    start = time.monotonic()
-    with digits_task():
-        assert main(_cli_flags(base_checkpoint, straight, steps)) == 0
-    spread = 0.5 * (time.monotonic() - start) / (KILLS + 1)
+
+    def command(out):
+        return [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, out, steps)]
+
+    spread = timed_run(command(straight), straight, lambda: newest_checkpoint(straight))
     log = run_through_kills(
-        [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, killed, steps)], killed, KILLS,
-        spread, kill_rng("grpo"), lambda: assert_checkpoints_whole(killed),
-        progress=lambda: newest_checkpoint(killed), reset=lambda: shutil.rmtree(killed),
+        command(killed), killed, KILLS, spread, kill_rng("grpo"),
+        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
+        reset=lambda: shutil.rmtree(killed),
     )  # fmt: skip
     assert "rl: resuming from" in log.attempts[-1].stdout
     assert [m["step"] for m in _untimed(killed)] == list(range(1, steps + 1))
