@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,24 +173,42 @@ def _ready(progress: Callable[[], int] | None, before: int, folder: Path, starte
     return newest_write(folder) >= started
 
 
-def timed_run(command: list[str], folder: Path, progress: Callable[[], int] | None = None) -> float:
-    """Run `command` uninterrupted. Seconds from its first write under `folder` to its exit;
-    with `progress`, the median seconds between two of its values (one checkpoint interval:
-    what a kill drawn after a new checkpoint should spread over)."""
-    proc = subprocess.Popen(
-        command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+def timed_run(
+    command: list[str] | Callable[[], None],
+    folder: Path,
+    progress: Callable[[], int] | None = None,
+) -> float:
+    """Run `command` uninterrupted (a command line, or a function run in this process: no
+    start-up to wait for). Seconds from its first write under `folder` to its end; with
+    `progress`, the median seconds between two of its values (one checkpoint interval: what a
+    kill drawn after a new checkpoint should spread over)."""
     first, changes, last = None, [], 0
-    while proc.poll() is None:
-        if first is None and folder.exists() and any(folder.iterdir()):
-            first = time.monotonic()
-        if progress is not None and progress() != last:
-            changes.append(time.monotonic())
-            last = progress()
-        time.sleep(0.005)
-    end = time.monotonic()
-    assert proc.returncode == 0, proc.stderr.read()[-3000:]
-    proc.stderr.close()
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal first, last
+        while not done.is_set():
+            if first is None and folder.exists() and any(folder.iterdir()):
+                first = time.monotonic()
+            if progress is not None and progress() != last:
+                changes.append(time.monotonic())
+                last = progress()
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        if callable(command):
+            command()
+        else:
+            run = subprocess.run(
+                command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+            assert run.returncode == 0, run.stderr[-3000:]
+    finally:
+        end = time.monotonic()
+        done.set()
+        watcher.join()
     if progress is not None:
         gaps = sorted(b - a for a, b in itertools.pairwise(changes))
         assert gaps, "the run made no progress twice"

@@ -35,6 +35,7 @@ from tests.kills import (
     run_through_kills,
     timed_run,
 )
+from tests.posttrain.rl_main import digits_task
 
 RL_MAIN = Path(__file__).with_name("rl_main.py")
 
@@ -223,7 +224,11 @@ def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
     def command(out):
         return [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, out, steps)]
 
-    spread = timed_run(command(straight), straight, lambda: newest_checkpoint(straight))
+    def uninterrupted():
+        with digits_task():
+            assert main(_cli_flags(base_checkpoint, straight, steps)) == 0
+
+    spread = timed_run(uninterrupted, straight, lambda: newest_checkpoint(straight))
     log = run_through_kills(
         command(killed), killed, KILLS, spread, kill_rng("grpo"),
         lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
