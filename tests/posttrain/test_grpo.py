@@ -219,7 +219,7 @@ def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
     checkpoint: the same command resumes each time from the newest complete checkpoint, never
     finds a half-written file, and ends where an unbroken run ends."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    steps = 6  # a checkpoint each: room for 5 kills, each after a new checkpoint
+    steps = 7  # a checkpoint each: room for 5 kills, each after a new one before the last
 
     def command(out):
         return [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, out, steps)]
