@@ -14,7 +14,13 @@ from pathlib import Path
 from lmforge.errors import LmforgeError
 from lmforge.progress import bar
 from lmforge.tokenizer import Tokenizer
-from lmforge.tokens.shards import ShardMeta, token_dtype, write_meta, write_shard
+from lmforge.tokens.shards import (
+    META_FILE,
+    ShardMeta,
+    token_dtype,
+    write_meta,
+    write_shard,
+)
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -86,7 +92,10 @@ def tokenize_splits(
     `out_dir/tokenizer`, and last `meta.json`, which marks the folder complete.
 
     A split without documents is an error: its files are removed and no `meta.json` is written.
+    An earlier `meta.json` in `out_dir` is removed first: until the new one is written, the
+    folder is incomplete, never new shards under old counts.
     """
+    (Path(out_dir) / META_FILE).unlink(missing_ok=True)
     tokenizer.save(Path(out_dir) / "tokenizer")
     counts = {
         name: write_shard(

@@ -1,7 +1,9 @@
 """Token shards on disk: `NAME.bin` (flat token ids) + `NAME.idx` (document starts) + `meta.json`.
 
 Ids are little-endian uint16 when the vocabulary fits in 65536, else uint32. Shards are written
-streaming through temporary names and read back as memory maps, never loaded whole.
+streaming through temporary names (removed again when a write fails: a full disk is one line)
+and read back as memory maps, never loaded whole. `meta.json`, written last, marks a folder
+complete.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.atomic import write_json
+from lmforge.atomic import disk_full_is_an_error, write_json
 from lmforge.errors import LmforgeError
 
 META_FILE = "meta.json"
@@ -46,12 +48,19 @@ def write_shard(
     bin_tmp, idx_tmp = directory / f"{name}.bin.tmp", directory / f"{name}.idx.tmp"
     starts: list[int] = []
     n_tokens = 0
-    with open(bin_tmp, "wb") as f:
-        for ids in documents:
-            starts.append(n_tokens)
-            f.write(np.asarray(ids, dtype=dtype).tobytes())
-            n_tokens += len(ids)
-    np.asarray(starts, dtype="<i8").tofile(idx_tmp)
+    fix = "free space on that disk, then run the same command again"
+    try:
+        with disk_full_is_an_error("token shard", directory / f"{name}.bin", fix):
+            with open(bin_tmp, "wb") as f:
+                for ids in documents:
+                    starts.append(n_tokens)
+                    f.write(np.asarray(ids, dtype=dtype).tobytes())
+                    n_tokens += len(ids)
+            np.asarray(starts, dtype="<i8").tofile(idx_tmp)
+    except BaseException:
+        bin_tmp.unlink(missing_ok=True)
+        idx_tmp.unlink(missing_ok=True)
+        raise
     os.replace(bin_tmp, directory / f"{name}.bin")
     os.replace(idx_tmp, directory / f"{name}.idx")
     return {"tokens": n_tokens, "documents": len(starts)}

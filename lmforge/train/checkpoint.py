@@ -7,9 +7,10 @@ batches depend only on (seed, step), so the torch RNG is the only generator stat
 `config.json`'s run config also records, under `trained_on`, the token shards and documents the
 run trained on, so `lmforge eval` defaults to the run's own validation split.
 It is written under a temporary name and renamed, so an interrupted save never leaves a half
-checkpoint where a complete one is expected. A run on many processes writes a distributed
-checkpoint instead, with the weights and optimizer state as per-rank shards in `dcp/`
-(lmforge.train.checkpoint_dcp); it resumes at any layout and loads for inference like any other.
+checkpoint where a complete one is expected; a save that fails (a full disk) removes its
+temporary folder. A run on many processes writes a distributed checkpoint instead, with the
+weights and optimizer state as per-rank shards in `dcp/` (lmforge.train.checkpoint_dcp); it
+resumes at any layout and loads for inference like any other.
 
 `load_checkpoint` is the one way a command (generate, chat, serve, eval, export, speedrun) loads
 a model: it checks the device, then the folder (missing, a Hugging Face folder, a config of
@@ -62,9 +63,13 @@ def save_checkpoint(
     tmp = checkpoints_dir / f".{STEP_PREFIX}{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_module(model, tmp / "model.safetensors")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
+    try:
+        save_module(model, tmp / "model.safetensors")
+        _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
+        _write_metadata(tmp, step, model, trainer_state, loader_state, run_config, tokenizer_dir)
+    except BaseException:  # a full disk, Ctrl-C: the half-written folder goes, its space too
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -115,15 +120,29 @@ def _write_metadata(
     if spec is not None:  # the adapters are in model.safetensors beside the frozen weights
         config["lora"] = spec.to_dict()
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
+    _torch_save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer_state.pt")
     (tmp / "loader_state.json").write_text(json.dumps(loader_state) + "\n")
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, tmp / "tokenizer")
 
 
+def _torch_save(obj: object, path: Path) -> None:
+    """`torch.save` through a Python file: given a path, torch's own writer reports a full disk
+    as "unexpected pos"; through a file, the OSError (ENOSPC) comes with it."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
 def _keep_newest(checkpoints_dir: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` checkpoints, each renamed out of sight first: a
+    process killed mid-way leaves a hidden `.step_N.old`, never a half-removed `step_N`; the
+    next save removes it."""
+    for trash in checkpoints_dir.glob(f".{STEP_PREFIX}*.old"):  # a killed removal's
+        shutil.rmtree(trash, ignore_errors=True)
     for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
-        shutil.rmtree(old)
+        trash = old.with_name(f".{old.name}.old")
+        os.replace(old, trash)
+        shutil.rmtree(trash)
 
 
 def load_model_weights(model: Transformer, checkpoint: str | Path) -> None:

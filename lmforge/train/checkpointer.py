@@ -4,6 +4,7 @@ Every command that trains (pretraining, SFT, GRPO) saves and resumes through a `
 `checkpoints/step_N/` under the run folder, written atomically (train/checkpoint.py), the newest
 `keep_last` kept, every `every` steps and at the end. On many processes each rank writes its
 shards (checkpoint_dcp.py); a run resumes a checkpoint written by the same kind of run.
+A save on a full disk stops the run with one line naming the checkpoint it can resume from.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.atomic import disk_full_is_an_error
 from lmforge.errors import LmforgeError
 from lmforge.model import Transformer
 from lmforge.parallel.world import World
@@ -21,7 +23,7 @@ from lmforge.train.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from lmforge.train.checkpoint_dir import is_distributed, list_checkpoints
+from lmforge.train.checkpoint_dir import STEP_PREFIX, is_distributed, list_checkpoints
 
 
 class Checkpointer:
@@ -83,13 +85,27 @@ class Checkpointer:
         """Write `step_N/` (every rank must call this on many processes); `good`: the step
         that led here was finite, so a diverged run can point back to it."""
         args = (step, model, optimizer, trainer_state, loader_state, self.run_config)
-        if self.world.is_distributed:
-            path = save_sharded_checkpoint(
-                self.world, self.dir, *args, self.tokenizer_dir, self.keep_last
-            )
-        else:
-            path = save_checkpoint(self.dir, *args, self.tokenizer_dir, self.keep_last)
+        target = self.dir / f"{STEP_PREFIX}{step}"
+        with disk_full_is_an_error("checkpoint", target, self._disk_fix()):
+            if self.world.is_distributed:
+                path = save_sharded_checkpoint(
+                    self.world, self.dir, *args, self.tokenizer_dir, self.keep_last
+                )
+            else:
+                path = save_checkpoint(self.dir, *args, self.tokenizer_dir, self.keep_last)
         self.latest = path
         if good:
             self.last_good = path
         return path
+
+    def _disk_fix(self) -> str:
+        """What to do when a save finds the disk full: the run resumes from `latest`."""
+        then = (
+            f"resumes from {self.latest}, which is intact"
+            if self.latest is not None
+            else "starts over (no checkpoint was saved before this one)"
+        )
+        return (
+            "free space on that disk (or move the run folder to a larger one), then run the "
+            f"same command again: it {then}"
+        )

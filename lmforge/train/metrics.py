@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lmforge.atomic import disk_full_is_an_error
+
+DISK_FULL_FIX = (
+    "free space on that disk, then run the same command again: it resumes from its newest "
+    "checkpoint"
+)
+
 
 class MetricsLog:
-    """Appends one line per record and flushes it, so a crash loses at most the line in flight.
-    A log that is not `enabled` (on a run's other ranks: rank 0 writes) writes nothing."""
+    """Appends one line per record and flushes it, so a crash loses at most the line in flight
+    (a full disk: one line of error). A log that is not `enabled` (on a run's other ranks:
+    rank 0 writes) writes nothing."""
 
     def __init__(self, path: str | Path, enabled: bool = True):
         self.path = Path(path)
@@ -19,7 +27,8 @@ class MetricsLog:
     def write(self, **record: float | int | str) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        full = disk_full_is_an_error("the metrics log", self.path, DISK_FULL_FIX)
+        with full, open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def truncate_after(self, step: int) -> None:

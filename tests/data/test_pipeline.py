@@ -1,13 +1,16 @@
-"""Pipelines end to end: config, outputs, stats and summary, formats, workers, resuming."""
+"""Pipelines end to end: config, outputs, stats and summary, formats, workers, resuming, a full
+disk."""
 
 import json
 
 import pytest
 
+from lmforge.cli import main
 from lmforge.data.documents import Document
 from lmforge.data.pipeline import load_pipeline_config, read_output, registry, run_pipeline
 from lmforge.data.pipeline.step import Filter
 from lmforge.errors import LmforgeError
+from tests.full_disk import fill_disk
 
 ARTICLES = [
     "The committee met on Tuesday to discuss the new budget for the town library. Members agreed "
@@ -178,3 +181,62 @@ def test_the_read_row_counts_every_file_read(tmp_path):
     assert (read["docs_in"], read["docs_out"], read["removed"]) == (2, 1, {"not_utf8": 1})
     assert stats["documents_in"] == 2
     assert "| read | 2 | 1 | 1 |" in (out / "summary.md").read_text()
+
+
+def test_a_full_disk_during_a_shard_is_one_line_and_the_rerun_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    """The third output shard finds the disk full: `lmforge data run` exits 2 with one line
+    naming the problem, the shard and the fix; the finished shards stay whole, nothing is left
+    half written; with space back the same command finishes the run."""
+    import lmforge.data.pipeline.writers as writers
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        rows = [{"id": f"{name}{i}", "text": f"text {name} {i}"} for i in range(50)]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    args = [
+        "data", "run", "--input", str(root), "--output", str(out), "--steps", "exact_dedup",
+        "--set", "read.shard_bytes=1", "--set", "write.format=jsonl", "--workers", "1",
+    ]  # fmt: skip
+    with monkeypatch.context() as m:
+        fill_disk(
+            m, writers, lambda path: path.name == "shard_00002.jsonl.tmp" and path.parent == out
+        )
+        assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: no space left on the device writing shard {out / 'shard_00002.jsonl'} (disk "
+        "full): free space on that disk, then run the same command again: it keeps the shards "
+        "finished so far and resumes after them\n"
+    )
+    assert sorted(p.name for p in out.glob("shard_*")) == ["shard_00000.jsonl", "shard_00001.jsonl"]
+    assert [p for p in out.rglob("*") if ".tmp" in p.name] == []
+    assert [d.id for d in read_output(out)] == [f"{n}{i}" for n in "ab" for i in range(50)]
+    assert main(args) == 0
+    assert [d.id for d in read_output(out)] == [f"{n}{i}" for n in "abc" for i in range(50)]
+
+
+def test_what_a_killed_run_left_is_cleared_by_the_rerun(tmp_path):
+    """A kill leaves what no `except` could remove: a temporary from claiming the folder (the
+    rerun takes the folder, not "not empty"), temporaries of a resumed run, a half-removed
+    .work of a finished one. The rerun clears each; a finished run's summary.md is there,
+    written before stats.json marks the run finished."""
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.jsonl").write_text(json.dumps({"id": "a", "text": "text a"}) + "\n")
+    out = tmp_path / "out"
+    cfg = _cfg(root, out, steps="exact_dedup")
+    out.mkdir()
+    (out / ".pipeline.json.4242.tmp").write_text('{"inp')  # killed while claiming
+    stats = run_pipeline(cfg)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "pipeline.json", "shard_00000.jsonl.zst", "stats.json", "summary.md",
+    ]  # fmt: skip
+    (out / ".work" / "pass_0").mkdir(parents=True)  # killed while removing .work
+    (out / "shard_00001.jsonl.zst.tmp").write_text("half")
+    assert run_pipeline(cfg) == stats
+    assert sorted(p.name for p in out.iterdir()) == [
+        "pipeline.json", "shard_00000.jsonl.zst", "stats.json", "summary.md",
+    ]  # fmt: skip

@@ -3,11 +3,8 @@ resume and the report."""
 
 import json
 import math
-import os
-import signal
-import subprocess
+import shutil
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +27,14 @@ from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.checkpoint_dir import read_model_config
 from lmforge.train.guard import Diverged
 from lmforge.train.metrics import read_metrics
+from tests.kills import (
+    KILLS,
+    assert_checkpoints_whole,
+    kill_rng,
+    newest_checkpoint,
+    run_through_kills,
+    timed_run,
+)
 from tests.posttrain.rl_main import digits_task
 
 RL_MAIN = Path(__file__).with_name("rl_main.py")
@@ -207,32 +212,36 @@ def _cli_flags(base, out, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def test_a_run_killed_mid_way_and_resumed_repeats_an_unbroken_one(base_checkpoint, tmp_path):
-    """SIGKILL (no chance to save) once the step-2 checkpoint is written; the same command
-    then resumes from the newest complete checkpoint and ends where an unbroken run ends."""
+def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
+    base_checkpoint, tmp_path
+):
+    """SIGKILL (no chance to save) at random moments (tests/kills.py), each after a new
+    checkpoint: the same command resumes each time from the newest complete checkpoint, never
+    finds a half-written file, and ends where an unbroken run ends."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    env = {**os.environ, "LMFORGE_PROGRESS": "0"}
-    run = subprocess.Popen(
-        [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, killed, 5)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    steps = 7  # a checkpoint each: room for 5 kills, each after a new one before the last
+
+    def command(out):
+        return [sys.executable, str(RL_MAIN), *_cli_flags(base_checkpoint, out, steps)]
+
+    def uninterrupted():
+        with digits_task():
+            assert main(_cli_flags(base_checkpoint, straight, steps)) == 0
+
+    spread = timed_run(uninterrupted, straight, lambda: newest_checkpoint(straight))
+    log = run_through_kills(
+        command(killed), killed, KILLS, spread, kill_rng("grpo"),
+        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
+        reset=lambda: shutil.rmtree(killed),
     )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (killed / "checkpoints" / "step_2").is_dir():
-        assert run.poll() is None, run.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "the run did not reach step 2"
-        time.sleep(0.01)
-    run.send_signal(signal.SIGKILL)
-    run.communicate(timeout=60)
-    assert run.returncode == -signal.SIGKILL and not (killed / "rl.json").exists()
-    with digits_task():
-        assert main(_cli_flags(base_checkpoint, killed, 5)) == 0
-        assert main(_cli_flags(base_checkpoint, straight, 5)) == 0
-    assert _untimed(killed) == _untimed(straight)
-    assert [m["step"] for m in _untimed(killed)] == list(range(1, 6))
-    a, _ = load_checkpoint(straight)
-    b, _ = load_checkpoint(killed)
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
-        assert torch.equal(x, y), name
+    assert "rl: resuming from" in log.attempts[-1].stdout
+    assert [m["step"] for m in _untimed(killed)] == list(range(1, steps + 1))
+    a, b = (load_checkpoint(run)[0].state_dict() for run in (straight, killed))
+    identical = _untimed(killed) == _untimed(straight) and all(
+        torch.equal(x, b[name]) for name, x in a.items()
+    )
+    log.summary("grpo", identical)
+    assert log.kills >= 1 and identical
 
 
 def test_a_non_finite_loss_is_skipped_and_stops_the_run_like_pretraining(

@@ -1,12 +1,8 @@
 """Supervised fine-tuning: the loss mask, packing, the command, LoRA runs and exact resume."""
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
+import shutil
 
 import numpy as np
 import pytest
@@ -21,6 +17,15 @@ from lmforge.tokenizer import train_bpe
 from lmforge.tokenizer.chat_template import IM_END, ChatTemplate, Message
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.metrics import read_metrics
+from tests.kills import (
+    KILLS,
+    assert_checkpoints_whole,
+    kill_rng,
+    lmforge,
+    newest_checkpoint,
+    run_through_kills,
+    timed_run,
+)
 
 CONVERSATION = [
     Message("system", "Be brief."),
@@ -223,32 +228,25 @@ def test_a_lora_run_writes_a_peft_adapter_that_loads_merged(
     )
 
 
-def test_sft_resumes_exactly_after_sigkill(base_checkpoint, conversations_file, tmp_path):
-    env = {**os.environ, "LMFORGE_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
-    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=20")
+def test_sft_killed_at_random_moments_resumes_exactly(
+    base_checkpoint, conversations_file, tmp_path
+):
+    """SIGKILL at random moments (tests/kills.py), each after a new checkpoint: the same
+    command resumes each time, never finds a half-written file, and ends with the metrics and
+    weights of an uninterrupted run."""
+    extra = ("--max-steps", "60", "--set", "train.checkpoint.every=5")
     killed, straight = tmp_path / "killed", tmp_path / "straight"
 
     def command(out):
-        args = _sft_args(base_checkpoint, conversations_file, out, *extra)
-        return [sys.executable, "-m", "lmforge", *args]
+        return lmforge(*_sft_args(base_checkpoint, conversations_file, out, *extra))
 
-    proc = subprocess.Popen(
-        command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + 120
-    while not (killed / "checkpoints" / "step_20").exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "no periodic checkpoint within 2 minutes"
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
-    resumed = subprocess.run(command(killed), env=env, capture_output=True)
-    assert resumed.returncode == 0, resumed.stderr.decode()
-    assert b"resuming from" in resumed.stdout
-    whole = subprocess.run(command(straight), env=env, capture_output=True)
-    assert whole.returncode == 0, whole.stderr.decode()
+    spread = timed_run(command(straight), straight, lambda: newest_checkpoint(straight))
+    log = run_through_kills(
+        command(killed), killed, KILLS, spread, kill_rng("sft"),
+        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
+        reset=lambda: shutil.rmtree(killed),
+    )  # fmt: skip
+    assert "resuming from" in log.attempts[-1].stdout
 
     def trajectory(run):
         return [
@@ -257,4 +255,11 @@ def test_sft_resumes_exactly_after_sigkill(base_checkpoint, conversations_file, 
         ]
 
     assert len(trajectory(straight)) > 10
-    assert trajectory(killed) == trajectory(straight)
+    a, _ = load_checkpoint(straight)
+    b, _ = load_checkpoint(killed)
+    identical = trajectory(killed) == trajectory(straight) and all(
+        torch.equal(x, y)
+        for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+    log.summary("sft", identical)
+    assert log.kills >= 1 and identical

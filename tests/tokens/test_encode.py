@@ -115,3 +115,36 @@ def test_training_on_shards_without_a_val_shard_is_a_one_line_error(prepared, tm
     err = capsys.readouterr().err.strip()
     assert "no val shard" in err and "--val-fraction" in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_full_disk_during_a_token_shard_is_one_line_and_leaves_no_stale_meta(
+    prepared, tmp_path, monkeypatch, capsys
+):
+    """Tokenizing again into a finished folder, the val shard finds the disk full: one line
+    naming the problem, the shard and the fix, exit 2; no temporary left, and no meta.json (the
+    old one would describe shards that are no longer there). With space back the same command
+    writes the folder as it was, byte for byte."""
+    import lmforge.tokens.shards as shards_module
+    from lmforge.cli import main
+    from tests.full_disk import fill_disk
+
+    out = tmp_path / "shards"
+    args = [
+        "tokenize", "--tokenizer", str(prepared.tokenizer_dir), "--workers", "1", "--input",
+        str(prepared.root / "data"), "--out", str(out), "--val-fraction", "0.2",
+    ]  # fmt: skip
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        fill_disk(m, shards_module, lambda path: path.name == "val.bin.tmp", room=1000)
+        assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: no space left on the device writing token shard {out / 'val.bin'} (disk full): "
+        "free space on that disk, then run the same command again\n"
+    )
+    names = ["tokenizer", "train.bin", "train.idx", "val.bin", "val.idx"]  # val: the old one
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert (out / "val.bin").read_bytes() == before["val.bin"]
+    assert main(args) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

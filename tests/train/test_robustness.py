@@ -1,21 +1,35 @@
-"""Runs that survive: non-finite steps skipped, divergence stopped, SIGTERM and SIGKILL resumed."""
+"""Runs that survive: non-finite steps skipped, divergence stopped, SIGTERM and SIGKILL resumed,
+a full disk during a checkpoint."""
 
+import errno
 import json
 import os
+import shutil
 import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 import lmforge.train.compose as compose_module
+from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig
 from lmforge.train import list_checkpoints, train
+from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.config import train_config
 from lmforge.train.metrics import read_metrics
+from tests.full_disk import fill_disk
+from tests.kills import (
+    KILLS,
+    assert_checkpoints_whole,
+    kill_rng,
+    newest_checkpoint,
+    run_through_kills,
+    timed_run,
+)
 
 MODEL = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, max_seq_len=32)
 
@@ -134,7 +148,7 @@ def _lmforge(shard_dir, out):
         "--max-steps",
         "100",
         "--set",
-        "train.checkpoint.every=20",
+        "train.checkpoint.every=10",
         "--set",
         "train.eval.every=50",
         "--set",
@@ -142,31 +156,20 @@ def _lmforge(shard_dir, out):
     ]
 
 
-def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(prepared, tmp_path):
-    env = {**os.environ, "LMFORGE_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(prepared, tmp_path):
+    """SIGKILL (no chance to save) at random moments (tests/kills.py), each after a new
+    checkpoint: the same command resumes each time, never finds a half-written file, and ends
+    with the metrics and weights of an uninterrupted run."""
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    proc = subprocess.Popen(
-        _lmforge(prepared.shard_dir, killed),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    spread = timed_run(  # a checkpoint interval's seconds
+        _lmforge(prepared.shard_dir, straight), straight, lambda: newest_checkpoint(straight)
     )
-    deadline = time.monotonic() + 240
-    while not (killed / "checkpoints" / "step_20").exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "no periodic checkpoint within 4 minutes"
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
-    assert not (killed / "checkpoints" / "step_100").exists()
-
-    resumed = subprocess.run(_lmforge(prepared.shard_dir, killed), env=env, capture_output=True)
-    assert resumed.returncode == 0, resumed.stderr.decode()
-    assert b"resuming from" in resumed.stdout
-    whole = subprocess.run(_lmforge(prepared.shard_dir, straight), env=env, capture_output=True)
-    assert whole.returncode == 0, whole.stderr.decode()
+    log = run_through_kills(
+        _lmforge(prepared.shard_dir, killed), killed, KILLS, spread, kill_rng("pretraining"),
+        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
+        reset=lambda: shutil.rmtree(killed),
+    )  # fmt: skip
+    assert "resuming from" in log.attempts[-1].stdout
 
     def trajectory(run):
         return [
@@ -175,4 +178,99 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(prepared, tmp_
         ]
 
     assert len(trajectory(straight)) == 100 // 10 + 2  # log lines, evaluations at 50 and 100
-    assert trajectory(killed) == trajectory(straight)
+    weights = [load_file(run / "checkpoints" / "step_100" / "model.safetensors") for run in
+               (straight, killed)]  # fmt: skip
+    identical = trajectory(killed) == trajectory(straight) and all(
+        torch.equal(w, weights[1][name]) for name, w in weights[0].items()
+    )
+    log.summary("pretraining", identical)
+    assert log.kills >= 1 and identical
+
+
+def _fill_disk_at(monkeypatch, victim: str, call: int) -> None:
+    """The `call`-th write of a checkpoint's `victim` file finds the disk full part way: raised
+    as each writer raises it on a real full disk (safetensors' message; torch.save into a file
+    object, a RuntimeError in the middle of the OSError)."""
+    import lmforge.train.checkpoint as checkpoint_module
+
+    calls = {"n": 0}
+
+    def disk_full(f) -> None:
+        f.write(b"\0" * 100)  # a part written, then no more room
+        if victim == "model.safetensors":
+            message = "Error while serializing: I/O error: No space left on device (os error 28)"
+            raise SafetensorError(message)
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos") from None
+
+    def full_now() -> bool:
+        calls["n"] += 1
+        return calls["n"] == call
+
+    if victim == "model.safetensors":
+        real_save_module = checkpoint_module.save_module
+
+        def save_module(model, path):
+            if not full_now():
+                return real_save_module(model, path)
+            with open(path, "wb") as f:
+                disk_full(f)
+
+        monkeypatch.setattr(checkpoint_module, "save_module", save_module)
+        return
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if getattr(f, "name", "").endswith(victim) and full_now():
+            disk_full(f)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt"])
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes_from_the_last(
+    prepared, tmp_path, monkeypatch, capsys, victim
+):
+    """The second checkpoint (step 8) finds the disk full: the command exits 2 with one line
+    naming the problem, the path and the fix; step 4 stays whole and nothing is left of step 8.
+    With space back, the same command resumes from step 4 and finishes."""
+    out = tmp_path / "run"
+    args = [
+        "train", "--preset", "tiny", "--data", str(prepared.shard_dir), "--out", str(out),
+        "--device", "cpu", "--max-steps", "12", "--set", "train.checkpoint.every=4",
+        "--set", "train.eval.every=0", "--set", "train.loader.kind=sequential",
+    ]  # fmt: skip
+    checkpoints = out / "checkpoints"
+    with monkeypatch.context() as m:
+        _fill_disk_at(m, victim, call=2)
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: no space left on the device writing checkpoint {checkpoints / 'step_8'} "
+        "(disk full): free space on that disk (or move the run folder to a larger one), then "
+        f"run the same command again: it resumes from {checkpoints / 'step_4'}, which is "
+        "intact\n"
+    )
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_4"]  # no .step_8.tmp
+    assert_checkpoints_whole(out)
+    load_checkpoint(checkpoints / "step_4")
+    assert main(args) == 0
+    assert f"resuming from {checkpoints / 'step_4'} (step 4)" in capsys.readouterr().out
+    assert [p.name for p in list_checkpoints(checkpoints)] == ["step_8", "step_12"]
+
+
+def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path, monkeypatch):
+    import lmforge.train.metrics as metrics_module
+    from lmforge.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write(step=1, loss=2.0)
+    fill_disk(monkeypatch, metrics_module, lambda path: path.name == "metrics.jsonl", room=5)
+    with pytest.raises(LmforgeError, match=r"^no space left on the device writing the metrics"):
+        log.write(step=2, loss=1.5)
+    assert read_metrics(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "loss": 2.0}
+    ]  # cut line dropped

@@ -4,7 +4,8 @@ Per-document steps run back to back in one pass over a shard. A global step (ded
 splits the work: the pass before it collects its keys, the driver decides once over all shards,
 and the next pass applies the decision before the following steps. So `n` global steps make
 `n + 1` passes. Every task (pass, shard) writes its documents, keys and stats, then a completion
-marker; a rerun skips every task whose marker exists, which makes a crashed run resumable.
+marker; a rerun skips every task whose marker exists, which makes a crashed run resumable. A
+shard that finds the disk full stops the run with one line, its finished tasks kept.
 
     OUT/shard_00000.jsonl.zst ...        the final documents, one shard per input shard
     OUT/.work/shards.json                 the input shard plan (fixed at the first run)
@@ -24,12 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.atomic import write_text
+from lmforge.atomic import disk_full_is_an_error, write_text
 from lmforge.data.pipeline.registry import STEPS
 from lmforge.data.pipeline.step import GlobalStep
 from lmforge.data.pipeline.writers import read_shard_file, shard_name, write_shard
 from lmforge.data.readers import Unit, read_shard
 from lmforge.data.stats import StepStats
+
+DISK_FULL_FIX = (
+    "free space on that disk, then run the same command again: it keeps the shards finished "
+    "so far and resumes after them"
+)
 
 
 @dataclass(frozen=True)
@@ -159,14 +165,20 @@ def run_task(task: dict) -> dict:
     if p.collect:
         collector = STEPS[p.collect](cfg.step_config[p.collect])
         docs = collector.collect(docs, keys)
-    if p.last:
-        write_shard(layout.final(s, cfg.write.format), docs, cfg.write.format)
-    else:
-        write_shard(layout.docs(p.index, s), docs, "jsonl")
+    target, fmt = (
+        (layout.final(s, cfg.write.format), cfg.write.format)
+        if p.last
+        else (layout.docs(p.index, s), "jsonl")
+    )
+    with disk_full_is_an_error("shard", target, DISK_FULL_FIX):
+        write_shard(target, docs, fmt)
     if collector is not None:
-        save_arrays(layout.keys(p.index, s), collector.pack(keys))
+        path = layout.keys(p.index, s)
+        with disk_full_is_an_error("deduplication keys", path, DISK_FULL_FIX):
+            save_arrays(path, collector.pack(keys))
         stats.append(collector.stats)
     result = {"pass": p.index, "shard": s, "stats": [st.to_dict() for st in stats]}
-    write_json(layout.stats(p.index, s), result)
-    layout.done(p.index, s).touch()
+    with disk_full_is_an_error("task stats", layout.stats(p.index, s), DISK_FULL_FIX):
+        write_json(layout.stats(p.index, s), result)
+        layout.done(p.index, s).touch()
     return result

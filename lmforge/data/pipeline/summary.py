@@ -2,12 +2,16 @@
 
 `stats.json` holds every step's merged statistics (documents and bytes in and out, removals by
 reason with examples, counters such as PII per type or duplicate clusters, docs/s and MB/s) in
-pipeline order, after the `read` step's. `summary.md` says the same in a page.
+pipeline order, after the `read` step's. `summary.md` says the same in a page. `stats.json` is
+written last: it marks the run finished, so a run killed before it is resumed, and its
+temporary files, which a killed process cannot remove, are removed then.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 from lmforge.atomic import write_text
 from lmforge.data.pipeline.config import PipelineConfig
@@ -22,18 +26,29 @@ def load_finished(layout: Layout, cfg: PipelineConfig) -> dict | None:
     """The stats of a finished run of the same config, or None; claims a new folder."""
     config_path = layout.out / "pipeline.json"
     wanted = {k: v for k, v in cfg.to_dict().items() if k in RESULT_KEYS}
+    stray = layout.temp_files()  # left half written by a killed run, which could not remove them
     if config_path.exists():
         if json.loads(config_path.read_text()) != wanted:
             raise LmforgeError(
                 f"{layout.out} holds a pipeline run with another config: "
                 "choose a new --output folder or delete that one"
             )
+        _remove(stray)
         stats = layout.out / "stats.json"
-        return json.loads(stats.read_text()) if stats.exists() else None
-    if layout.out.exists() and any(layout.out.iterdir()):
+        if not stats.exists():
+            return None
+        shutil.rmtree(layout.work, ignore_errors=True)  # killed while it removed its work files
+        return json.loads(stats.read_text())
+    if layout.out.exists() and any(p not in stray for p in layout.out.iterdir()):
         raise LmforgeError(f"output folder {layout.out} is not empty: choose a new or empty one")
+    _remove(stray)  # a run killed while it claimed the folder
     write_json(config_path, wanted)
     return None
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def merge_results(cfg: PipelineConfig, results: list[dict]) -> list[StepStats]:
@@ -60,8 +75,8 @@ def finish_run(layout: Layout, cfg: PipelineConfig, results: list[dict], shards:
         "seconds": round(sum(s.seconds for s in steps), 3),
         "steps": [s.to_dict() for s in steps],
     }
-    write_json(layout.out / "stats.json", stats)
     write_text(layout.out / "summary.md", render_summary(stats))
+    write_json(layout.out / "stats.json", stats)  # last: it marks the run finished
     return stats
 
 
