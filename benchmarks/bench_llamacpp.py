@@ -11,7 +11,7 @@ equal width:
     fp32 vs f32, bf16 vs f16 (16 bits), int8 vs q8_0 (8.04 vs 8.5 bits per weight),
     int4-g128 vs q4_0 (4.5 bits per weight each)
 
-Both sides use the same number of threads (--threads, default torch's: every core), decode
+Both sides run with one thread, then with --threads (default torch's: every core), decode
 greedily with end of text ignored, from a 16-token prompt, and are timed by the wall clock from
 the first generated token to the last; repetitions alternate between the sides and each
 side's best is reported (the machine's noise only ever slows a run). The weights read per token
@@ -109,21 +109,56 @@ def bytes_per_token(config: ModelConfig, label: str) -> float:
     return quantized_bytes_read(shape, "int4", 128)
 
 
+def side_by_side(models: dict, files: dict, prompt: list[int], threads: int, args) -> dict:
+    """{label: row} of the best tokens/s of each side at `threads` threads."""
+    from llama_cpp import Llama
+
+    llms = {
+        file_type: Llama(str(path), n_ctx=1024, n_threads=threads, n_batch=64, verbose=False)
+        for file_type, path in files.items()
+    }
+    engines = {
+        label: Engine(m, NoSpecials(), max_batch_size=1, compile=True, relayout_weights=True)
+        for label, m in models.items()
+    }
+    for label, file_type in PAIRS.items():  # warm: compile, first touches of the weights
+        lmforge_rate(engines[label], prompt, 8)
+        llamacpp_rate(llms[file_type], prompt, 8)
+    best = {label: [0.0, 0.0] for label in PAIRS}
+    for _ in range(args.reps):
+        for label, file_type in PAIRS.items():
+            ours = lmforge_rate(engines[label], prompt, args.tokens)
+            theirs = llamacpp_rate(llms[file_type], prompt, args.tokens)
+            best[label] = [max(best[label][0], ours), max(best[label][1], theirs)]
+            print(
+                f"{threads} threads {label:10s} lmforge {ours:6.1f} tok/s  llama.cpp {theirs:6.1f}"
+            )
+    rows = {}
+    for label, file_type in PAIRS.items():
+        ours, theirs = best[label]
+        rows[label] = {
+            "llama_cpp_type": file_type,
+            "lmforge_tok_s": round(ours, 1),
+            "llama_cpp_tok_s": round(theirs, 1),
+            "ratio": round(ours / theirs, 3),
+            "weight_layout": engines[label].weight_layout,
+        }
+        engines[label].close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="and 1")
     args = parser.parse_args()
     try:
-        from llama_cpp import Llama
+        import llama_cpp
     except ImportError:
         print("llama_cpp is not importable: pip install llama-cpp-python, then run this again")
         sys.exit(0)
-    import llama_cpp
 
-    threads = args.threads
-    torch.set_num_threads(threads)
     tokenizer = train_bpe(corpus(), vocab_size=4096, special_tokens=["<|endoftext|>"], workers=1)
     config = ModelConfig(
         vocab_size=4096, d_model=768, n_layers=12, n_heads=12, d_ff=2048, max_seq_len=1024
@@ -131,59 +166,37 @@ def main() -> None:
     torch.manual_seed(0)
     model = Transformer(config).eval()
     prompt = tokenizer.encode("def main(argv):\n    parser = argparse.ArgumentParser(")[:PROMPT]
-    rows = {}
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        llms = {}
+        files = {}
         for file_type in PAIRS.values():
-            path = Path(tmp) / f"model-{file_type}.gguf"
-            export_gguf(model, tokenizer, path, file_type)
-            llms[file_type] = Llama(
-                str(path), n_ctx=1024, n_threads=threads, n_batch=64, verbose=False
-            )
+            files[file_type] = Path(tmp) / f"model-{file_type}.gguf"
+            export_gguf(model, tokenizer, files[file_type], file_type)
         models = lmforge_models(model)
-        engines = {
-            label: Engine(
-                m, NoSpecials(), max_batch_size=1, compile=True, relayout_weights=True
-            ).__enter__()
-            for label, m in models.items()
-        }
-        for label, file_type in PAIRS.items():  # warm: compile, first touches of the weights
-            lmforge_rate(engines[label], prompt, 8)
-            llamacpp_rate(llms[file_type], prompt, 8)
-        best = {label: [0.0, 0.0] for label in PAIRS}
-        for _ in range(args.reps):
-            for label, file_type in PAIRS.items():
-                ours = lmforge_rate(engines[label], prompt, args.tokens)
-                theirs = llamacpp_rate(llms[file_type], prompt, args.tokens)
-                best[label] = [max(best[label][0], ours), max(best[label][1], theirs)]
-                print(f"{label:10s} lmforge {ours:7.1f} tok/s   llama.cpp {theirs:7.1f} tok/s")
-        for label, file_type in PAIRS.items():
-            ours, theirs = best[label]
-            gb = bytes_per_token(config, label) / 1e9
-            rows[label] = {
-                "llama_cpp_type": file_type,
-                "lmforge_tok_s": round(ours, 1),
-                "llama_cpp_tok_s": round(theirs, 1),
-                "ratio": round(ours / theirs, 3),
-                "lmforge_gb_s": round(ours * gb, 1),
-                "weight_layout": engines[label].weight_layout,
+        for threads in sorted({1, args.threads}):
+            torch.set_num_threads(threads)
+            rows = side_by_side(models, files, prompt, threads, args)
+            for label, row in rows.items():
+                row["lmforge_gb_s"] = round(
+                    row["lmforge_tok_s"] * bytes_per_token(config, label) / 1e9, 1
+                )
+            out = {
+                "date": datetime.date.today().isoformat(),
+                "cpu": cpu_capability().model or platform.processor(),
+                "decode_kernels": cpu_decode.isa_for(),
+                "torch": torch.__version__,
+                "llama_cpp_python": llama_cpp.__version__,
+                "model": {
+                    "d_model": 768,
+                    "n_layers": 12,
+                    "vocab": 4096,
+                    "params": model.num_params(),
+                },
+                "prompt_tokens": PROMPT,
+                "generated_tokens": args.tokens,
+                "reps": args.reps,
+                "runs": runs,
             }
-            engines[label].__exit__(None, None, None)
-    int4, int8 = rows["int4-g128"]["lmforge_tok_s"], rows["int8"]["lmforge_tok_s"]
-    out = {
-        "date": datetime.date.today().isoformat(),
-        "cpu": cpu_capability().model or platform.processor(),
-        "decode_kernels": cpu_decode.isa_for(),
-        "threads": threads,
-        "torch": torch.__version__,
-        "llama_cpp_python": llama_cpp.__version__,
-        "model": {"d_model": 768, "n_layers": 12, "vocab": 4096, "params": model.num_params()},
-        "prompt_tokens": PROMPT,
-        "generated_tokens": args.tokens,
-        "reps": args.reps,
-        "rows": rows,
-        "int4_over_int8": round(int4 / int8, 3),
-    }
     write_json(RESULTS, out)
     print(f"wrote {RESULTS}")
 
