@@ -4,10 +4,10 @@ Each layer's keys (and values) are one tensor (H_kv, n_blocks, block_size, D); a
 positions live in the blocks of its block table, in order (lmforge.infer.blocks decides which
 block is whose). Before each forward the runner `bind`s the rows it runs: their block tables,
 padded to one width, and the position of each row's first new token; the rows' blocks are then
-gathered into one (B, H_kv, S, D) copy per layer, S = the tables' width in positions. As the
+gathered into one (H_kv, B, S, D) copy per layer, S = the tables' width in positions. As the
 model's cache protocol (lmforge.model.cache.Cache) asks, every layer writes its new keys and
 values into that copy and attends over it; after the forward, `commit` writes the new positions
-into the pool through the tables, all layers at once. A decode
+into the pool through the tables. A decode
 batch that is the same a step later reuses its copy instead of gathering again. Keys past a
 row's own position are masked by attention (the per-row positions), so padding never matters.
 
@@ -82,17 +82,21 @@ class PagedKVCache:
             self._copy = [self._gather(pool, read, rows) for pool in self.pools]
             if not isinstance(positions, int):  # a batch of rows, each at its own position
                 self._decode_copy = self._copy
-        width = self._copy[0].shape[3]
+        width = self._copy[0][0].shape[2]
         row_starts = torch.arange(rows, device=self.device)[:, None] * width
         self._copy_index = (row_starts + steps).flatten()
 
-    def _gather(self, pool: torch.Tensor, read: torch.Tensor, rows: int) -> torch.Tensor:
-        """(layers, H_kv, B, W * block_size, D): every layer's blocks of each row, in order."""
-        n_layers, h, _, _, d = pool.shape
-        copy = pool.index_select(2, read).view(n_layers, h, rows, -1, d)
+    def _gather(self, pool: torch.Tensor, read: torch.Tensor, rows: int) -> list[torch.Tensor]:
+        """Each layer's (H_kv, B, W * block_size, D): the blocks of each row, in order.
+
+        One tensor per layer, not views of one: a compiled step that writes into a view copies
+        the whole base it belongs to, every layer's cache, once per layer."""
+        _, h, _, _, d = pool.shape
+        copies = [layer.index_select(1, read).view(h, rows, -1, d) for layer in pool]
         if self.compiled:  # any number of blocks, one graph (importing dynamo otherwise costs)
-            torch._dynamo.maybe_mark_dynamic(copy, 3)
-        return copy
+            for copy in copies:
+                torch._dynamo.maybe_mark_dynamic(copy, 2)
+        return copies
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
         if (batch_size, n_new) != (self._rows, self._n_new):
@@ -117,13 +121,14 @@ class PagedKVCache:
         return out[0], out[1]
 
     def commit(self) -> None:
-        """Write the last forward's new keys and values from the bound rows' copy into the pool,
-        every layer at once. After the forward, not inside it: a compiled step that wrote into
+        """Write the last forward's new keys and values from the bound rows' copy into the pool.
+        After the forward, not inside it: a compiled step that wrote into
         the pool would copy the whole pool each step (Inductor keeps a mutated input whole)."""
-        for pool, copy in zip(self.pools, self._copy, strict=True):
-            n_layers, h, _, _, d = pool.shape
-            new = copy.view(n_layers, h, -1, d).index_select(2, self._copy_index)
-            pool.view(n_layers, h, -1, d).index_copy_(2, self._pool_index, new)
+        for pool, copies in zip(self.pools, self._copy, strict=True):
+            _, h, _, _, d = pool.shape
+            for layer, copy in zip(pool, copies, strict=True):
+                new = copy.view(h, -1, d).index_select(1, self._copy_index)
+                layer.view(h, -1, d).index_copy_(1, self._pool_index, new)
 
     def advance(self, n: int) -> None:
         """Positions belong to the engine, which moves each sequence on its own."""
