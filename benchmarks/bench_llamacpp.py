@@ -151,7 +151,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="and 1")
+    parser.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="the second run's (after 1)"
+    )
     args = parser.parse_args()
     try:
         import llama_cpp
@@ -175,28 +177,25 @@ def main() -> None:
         models = lmforge_models(model)
         for threads in sorted({1, args.threads}):
             torch.set_num_threads(threads)
-            rows = side_by_side(models, files, prompt, threads, args)
+            fresh = {label: copy.deepcopy(m) for label, m in models.items()}  # laid out anew
+            rows = side_by_side(fresh, files, prompt, threads, args)
             for label, row in rows.items():
-                row["lmforge_gb_s"] = round(
-                    row["lmforge_tok_s"] * bytes_per_token(config, label) / 1e9, 1
-                )
-            out = {
-                "date": datetime.date.today().isoformat(),
-                "cpu": cpu_capability().model or platform.processor(),
-                "decode_kernels": cpu_decode.isa_for(),
-                "torch": torch.__version__,
-                "llama_cpp_python": llama_cpp.__version__,
-                "model": {
-                    "d_model": 768,
-                    "n_layers": 12,
-                    "vocab": 4096,
-                    "params": model.num_params(),
-                },
-                "prompt_tokens": PROMPT,
-                "generated_tokens": args.tokens,
-                "reps": args.reps,
-                "runs": runs,
-            }
+                per_token = bytes_per_token(config, label)
+                row["lmforge_gb_s"] = round(row["lmforge_tok_s"] * per_token / 1e9, 1)
+            int4, int8 = rows["int4-g128"]["lmforge_tok_s"], rows["int8"]["lmforge_tok_s"]
+            runs.append({"threads": threads, "rows": rows, "int4_over_int8": round(int4 / int8, 3)})
+    out = {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_capability().model or platform.processor(),
+        "decode_kernels": cpu_decode.isa_for(),
+        "torch": torch.__version__,
+        "llama_cpp_python": llama_cpp.__version__,
+        "model": {"d_model": 768, "n_layers": 12, "vocab": 4096, "params": model.num_params()},
+        "prompt_tokens": PROMPT,
+        "generated_tokens": args.tokens,
+        "reps": args.reps,
+        "runs": runs,
+    }
     write_json(RESULTS, out)
     print(f"wrote {RESULTS}")
 
