@@ -6,10 +6,8 @@ lmforge's own GGUF writer in f32, f16, q8_0 and q4_0 and decoded by llama.cpp (t
 llama-cpp-python bindings); lmforge decodes the same float weights in fp32 and bf16, and their
 int8 and int4-g128 (round to nearest) quantizations, in its engine with the compiled decode
 step and weights laid out for one row (`lmforge chat` and `generate` run that way). Pairs of
-equal width:
-
-    fp32 vs f32, bf16 vs f16 (16 bits), int8 vs q8_0 (8.04 vs 8.5 bits per weight),
-    int4-g128 vs q4_0 (4.5 bits per weight each)
+equal width: fp32 vs f32, bf16 vs f16 (16 bits), int8 vs q8_0 (8.04 vs 8.5 bits per weight),
+int4-g128 vs q4_0 (4.5 bits per weight each).
 
 Both sides run with one thread, then with --threads (default torch's: every core), decode
 greedily with end of text ignored, from a 16-token prompt, and are timed by the wall clock from
@@ -168,7 +166,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = Transformer(config).eval()
     prompt = tokenizer.encode("def main(argv):\n    parser = argparse.ArgumentParser(")[:PROMPT]
-    runs = []
+    runs, int4_over_int8 = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
         for file_type in PAIRS.values():
@@ -182,8 +180,9 @@ def main() -> None:
             for label, row in rows.items():
                 per_token = bytes_per_token(config, label)
                 row["lmforge_gb_s"] = round(row["lmforge_tok_s"] * per_token / 1e9, 1)
+            runs += [{"threads": threads, "weights": label, **row} for label, row in rows.items()]
             int4, int8 = rows["int4-g128"]["lmforge_tok_s"], rows["int8"]["lmforge_tok_s"]
-            runs.append({"threads": threads, "rows": rows, "int4_over_int8": round(int4 / int8, 3)})
+            int4_over_int8[f"{threads} threads"] = round(int4 / int8, 3)
     out = {
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_capability().model or platform.processor(),
@@ -195,6 +194,7 @@ def main() -> None:
         "generated_tokens": args.tokens,
         "reps": args.reps,
         "runs": runs,
+        "lmforge_int4_over_int8": int4_over_int8,
     }
     write_json(RESULTS, out)
     print(f"wrote {RESULTS}")
