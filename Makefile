@@ -12,7 +12,7 @@ $(BIN)/python:
 # every installed file (ray and transformers are large) took half the install; modules compile
 # when first imported instead.
 # lmforge's CPU decode kernels are compiled here, once per source and torch version (into
-# LMFORGE_CACHE); without this, the first decode compiles them.
+# ~/.cache/lmforge/kernels, or LMFORGE_KERNEL_CACHE); without this, the first decode does it.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-compile -e .
 	$(BIN)/python -m lmforge.kernels.cpu_decode

@@ -7,7 +7,7 @@ and cannot read int4 codes without writing a float copy of the weight; these ker
 codes to fp32 in registers and reuse each loaded piece of the weight for every row of x.
 
 The C++ is compiled once per source, torch version and compiler, with this machine's compiler
-(torch.compile needs the same one), into LMFORGE_CACHE (`make` does it at install; otherwise
+(torch.compile needs the same one), into `kernel_dir()` (`make` does it at install; otherwise
 the first use does, in about 15 s). Each instruction set's kernels are separate functions in
 one library and the operator takes the set to run as an argument, so the choice is made in one
 place (`isa_for`, from the capability module) and every set this CPU can run is tested on it.
@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from lmforge.device.capability import PROFILE_ENV, CpuCapability, cpp_compiler, cpu_capability
-from lmforge.device.peak import cache_dir
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 ISA_FLAGS = {  # the instruction sets, widest first, and what their file is compiled with
@@ -119,7 +118,14 @@ def library_path(compiler: str) -> Path:
         digest.update(source.name.encode() + source.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{version}".encode())
-    return cache_dir() / "kernels" / f"decode-{digest.hexdigest()[:16]}.so"
+    return kernel_dir() / f"decode-{digest.hexdigest()[:16]}.so"
+
+
+def kernel_dir() -> Path:
+    """$LMFORGE_KERNEL_CACHE, else ~/.cache/lmforge/kernels: build outputs, apart from
+    LMFORGE_CACHE's measurements (a test isolates those, and must not rebuild the kernels)."""
+    default = Path.home() / ".cache" / "lmforge" / "kernels"
+    return Path(os.environ.get("LMFORGE_KERNEL_CACHE", default))
 
 
 def build(compiler: str, verbose: bool = False) -> Path:
