@@ -30,8 +30,9 @@ inline void dense_block(const float* x, int64_t K, const T* w, const float* scal
   for (int64_t k = 0; k < K; k += V::W) {
     typename V::reg xv[M];
     for (int m = 0; m < M; ++m) xv[m] = V::load(x + m * K + k);
+    const bool line_start = (k * sizeof(T)) % 64 == 0;
     for (int r = 0; r < R; ++r) {
-      __builtin_prefetch(w + (n + r + R) * K + k);  // the next block's row: see int4_block
+      if (line_start) __builtin_prefetch(w + (n + r + R) * K + k);  // see int4_block
       typename V::reg wv = V::widen(w + (n + r) * K + k);
       for (int m = 0; m < M; ++m) acc[r][m] = V::fma(wv, xv[m], acc[r][m]);
     }
@@ -63,10 +64,11 @@ inline void int4_block(const float* x, const float* xsum, int64_t K, int64_t gro
         lo_x[m] = V::load(x + m * K + g * group + j);
         hi_x[m] = V::load(x + m * K + g * group + half + j);
       }
+      const bool line_start = (g * half + j) % 64 == 0;
       for (int r = 0; r < R; ++r) {
         // W's rows are a few hundred bytes, too short for the hardware prefetcher to get ahead
-        // within a block: each row asks for the same place in the next block's row (2-3x)
-        __builtin_prefetch(w + (n + r + R) * (K / 2) + g * half + j);
+        // within a block: each row asks for the same line in the next block's row (2-3x)
+        if (line_start) __builtin_prefetch(w + (n + r + R) * (K / 2) + g * half + j);
         typename V::reg lo, hi;
         V::nibbles(w + (n + r) * (K / 2) + g * half + j, lo, hi);
         for (int m = 0; m < M; ++m) {
@@ -104,7 +106,7 @@ template <class V, int M>
 void int4_rows(const float* x, const float* xsum, int64_t K, int64_t group, const uint8_t* w,
                const float* scales, const float* zeros, float* y, int64_t n0, int64_t n1,
                int64_t N) {
-  constexpr int R = V::ACC / 2 / M > 0 ? V::ACC / 2 / M : 1;
+  constexpr int R = V::ACC / M > 0 ? V::ACC / M : 1;
   int64_t n = n0;
   for (; n + R <= n1; n += R) int4_block<V, R, M>(x, xsum, K, group, w, scales, zeros, y, n, N);
   for (; n < n1; ++n) int4_block<V, 1, M>(x, xsum, K, group, w, scales, zeros, y, n, N);
