@@ -9,7 +9,7 @@ namespace {
 struct Avx2 {
   using reg = __m256;
   static constexpr int W = 8;    // fp32 lanes
-  static constexpr int ACC = 4;  // accumulators a block keeps in registers (16 ymm in all)
+  static constexpr int ACC = 4;  // (rows of W) x (rows of x) a block works on (16 ymm in all)
   static reg zero() { return _mm256_setzero_ps(); }
   static reg set1(float v) { return _mm256_set1_ps(v); }
   static reg load(const float* p) { return _mm256_loadu_ps(p); }

@@ -9,7 +9,7 @@ namespace {
 struct Avx512 {
   using reg = __m512;
   static constexpr int W = 16;    // fp32 lanes
-  static constexpr int ACC = 8;   // accumulators a block keeps in registers
+  static constexpr int ACC = 8;   // (rows of W) x (rows of x) a block works on at once
   static reg zero() { return _mm512_setzero_ps(); }
   static reg set1(float v) { return _mm512_set1_ps(v); }
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
