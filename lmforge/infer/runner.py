@@ -114,7 +114,13 @@ class ModelRunner:
         """The decode step compiled once per row count (1, 2, 4, ... rows)."""
         shapes = self.max_rows.bit_length() + 1
         # isolate_recompiles: this engine's variants count against its own limit, not those of
-        # every engine's step (one code object).
+        # every engine's step (one code object). No guards on the modules' attributes: the
+        # engine owns its model and only ever copies weights into it in place, and checking the
+        # ~250 weight tensors' guards cost 0.7 ms of a 5 ms step (an 85M model, int8).
         return torch.compile(
-            self._forward, dynamic=False, recompile_limit=shapes, isolate_recompiles=True
+            self._forward,
+            dynamic=False,
+            recompile_limit=shapes,
+            isolate_recompiles=True,
+            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
         )
