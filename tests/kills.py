@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,6 +261,15 @@ def assert_whole(root: Path) -> list[Path]:
             zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).read()
         checked.append(path)
     return checked
+
+
+def kill_training_run(command: list[str], run: Path, spread_s: float, name: str) -> KillLog:
+    """`run_through_kills` for a command that checkpoints into `run`: kills walk from one new
+    checkpoint to the next, every checkpoint left must be whole, a too-fast start starts over."""
+    return run_through_kills(
+        command, run, KILLS, spread_s, kill_rng(name), lambda: assert_checkpoints_whole(run),
+        progress=lambda: newest_checkpoint(run), reset=lambda: shutil.rmtree(run),
+    )  # fmt: skip
 
 
 def assert_checkpoints_whole(run: Path) -> None:

@@ -3,7 +3,6 @@ resume and the report."""
 
 import json
 import math
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -28,11 +27,8 @@ from lmforge.train.checkpoint_dir import read_model_config
 from lmforge.train.guard import Diverged
 from lmforge.train.metrics import read_metrics
 from tests.kills import (
-    KILLS,
-    assert_checkpoints_whole,
-    kill_rng,
+    kill_training_run,
     newest_checkpoint,
-    run_through_kills,
     timed_run,
 )
 from tests.posttrain.rl_main import digits_task
@@ -229,11 +225,7 @@ def test_a_run_killed_at_random_moments_and_resumed_repeats_an_unbroken_one(
             assert main(_cli_flags(base_checkpoint, straight, steps)) == 0
 
     spread = timed_run(uninterrupted, straight, lambda: newest_checkpoint(straight))
-    log = run_through_kills(
-        command(killed), killed, KILLS, spread, kill_rng("grpo"),
-        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
-        reset=lambda: shutil.rmtree(killed),
-    )  # fmt: skip
+    log = kill_training_run(command(killed), killed, spread, "grpo")
     assert "rl: resuming from" in log.attempts[-1].stdout
     assert [m["step"] for m in _untimed(killed)] == list(range(1, steps + 1))
     a, b = (load_checkpoint(run)[0].state_dict() for run in (straight, killed))

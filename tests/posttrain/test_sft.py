@@ -2,7 +2,6 @@
 
 import json
 import random
-import shutil
 
 import numpy as np
 import pytest
@@ -18,12 +17,9 @@ from lmforge.tokenizer.chat_template import IM_END, ChatTemplate, Message
 from lmforge.train.checkpoint import load_checkpoint
 from lmforge.train.metrics import read_metrics
 from tests.kills import (
-    KILLS,
-    assert_checkpoints_whole,
-    kill_rng,
+    kill_training_run,
     lmforge,
     newest_checkpoint,
-    run_through_kills,
     timed_run,
 )
 
@@ -241,11 +237,7 @@ def test_sft_killed_at_random_moments_resumes_exactly(
         return lmforge(*_sft_args(base_checkpoint, conversations_file, out, *extra))
 
     spread = timed_run(command(straight), straight, lambda: newest_checkpoint(straight))
-    log = run_through_kills(
-        command(killed), killed, KILLS, spread, kill_rng("sft"),
-        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
-        reset=lambda: shutil.rmtree(killed),
-    )  # fmt: skip
+    log = kill_training_run(command(killed), killed, spread, "sft")
     assert "resuming from" in log.attempts[-1].stdout
 
     def trajectory(run):

@@ -4,7 +4,6 @@ a full disk during a checkpoint."""
 import errno
 import json
 import os
-import shutil
 import signal
 import sys
 
@@ -23,11 +22,9 @@ from lmforge.train.config import train_config
 from lmforge.train.metrics import read_metrics
 from tests.full_disk import fill_disk
 from tests.kills import (
-    KILLS,
     assert_checkpoints_whole,
-    kill_rng,
+    kill_training_run,
     newest_checkpoint,
-    run_through_kills,
     timed_run,
 )
 
@@ -164,11 +161,7 @@ def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(prep
     spread = timed_run(  # a checkpoint interval's seconds
         _lmforge(prepared.shard_dir, straight), straight, lambda: newest_checkpoint(straight)
     )
-    log = run_through_kills(
-        _lmforge(prepared.shard_dir, killed), killed, KILLS, spread, kill_rng("pretraining"),
-        lambda: assert_checkpoints_whole(killed), progress=lambda: newest_checkpoint(killed),
-        reset=lambda: shutil.rmtree(killed),
-    )  # fmt: skip
+    log = kill_training_run(_lmforge(prepared.shard_dir, killed), killed, spread, "pretraining")
     assert "resuming from" in log.attempts[-1].stdout
 
     def trajectory(run):
