@@ -3,9 +3,12 @@
 Speed: every side is lmforge's engine with a compiled decode step over identical weights, at
 batch 1 (a one-slot engine) and batch 8 (eight slots), timed as in bench_infer.py (CPU time of
 the scheduler thread, one thread, interleaved repetitions, medians):
-- fp32: today's best, the weights re-laid for the batch (streamed at batch 1, oneDNN-packed at 8);
-- lmforge int8 / int4-g128: QuantizedLinear (dequantization fused into the streamed loop at
-  batch 1; torch's int8 packed kernel, or dequantize-then-matmul for int4, at batch 8);
+- fp32: the weights laid out for the batch as the engine does (lmforge's decode kernels on an
+  x86-64 CPU with AVX2 or AVX-512, up to 8 rows; elsewhere streamed at batch 1, oneDNN-packed
+  at 8);
+- lmforge int8 / int4-g128: QuantizedLinear, which reads the codes in the same decode kernels
+  (elsewhere: dequantization fused into the streamed loop at batch 1, torch's int8 packed
+  kernel or dequantize-then-matmul at batch 8);
 - torchao: `quantize_(model, Int8WeightOnlyConfig())` on the same float model.
 Resident weight bytes are measured from the modules' tensors.
 
