@@ -21,8 +21,9 @@ layers), in fp32 and bf16. lmforge runs eager, with its compiled decode step, an
 with its weights re-laid for the batch size (`relayout_weights=True`, as `lmforge serve`,
 `chat` and `generate` run): batch 1 then runs in a one-slot engine (as `lmforge chat` and
 single-prompt `generate --compile`), batch 8 in an eight-slot one (as `lmforge serve`); both
-take lmforge's decode kernels on an x86-64 CPU with AVX2 or AVX-512 (the results file names
-the layout each ran), elsewhere the streamed layout at batch 1 and oneDNN-packed weights at 8.
+take lmforge's decode kernels on an x86-64 CPU with AVX2 or AVX-512 where they are built
+(results recorded before them ran the others), elsewhere the streamed layout at batch 1 and
+oneDNN-packed weights at 8.
 Writes benchmarks/results/infer.json.
 
     python benchmarks/bench_infer.py [--reps 3] [--only small] [--dtypes fp32,bf16]
