@@ -130,6 +130,10 @@ def main(out: Path) -> None:
         "received": received,
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    # Both ranks done with every collective before either tears gloo down: a rank that left
+    # first while its peer's backward all-to-all was still in flight aborted ("terminate
+    # called without an active exception") on a loaded machine.
+    dist.barrier()
     dist.destroy_process_group()
 
 
