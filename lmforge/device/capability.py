@@ -150,7 +150,10 @@ def capability_from(info: CpuInfo) -> CpuCapability:
 
 
 DECODE_ISAS = ("avx2", "avx512")  # narrowest first
-_DECODE_ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "fma"}, "avx2": {"avx2", "fma"}}
+_DECODE_ISA_FLAGS = {
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma"},
+    "avx2": {"avx2", "fma"},
+}
 
 
 def decode_isa(info: CpuInfo) -> str | None:

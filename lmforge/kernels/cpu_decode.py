@@ -33,7 +33,7 @@ from lmforge.device.capability import PROFILE_ENV, CpuCapability, cpp_compiler, 
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 ISA_FLAGS = {  # the instruction sets, widest first, and what their file is compiled with
-    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"),
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"),
     "avx2": ("-mavx2", "-mfma"),
 }
 MAX_ROWS = 8  # rows of x the kernels hold in registers; more rows pass over the weight again

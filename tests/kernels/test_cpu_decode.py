@@ -1,6 +1,7 @@
-"""lmforge's CPU decode kernels equal the dequantized weight's product, in every instruction set
-this CPU runs (AVX-512 where it has it, AVX2 forced on any x86-64 host), and every caller falls
-back to torch's ops where no kernel runs (the plain path ARM and Apple Silicon take)."""
+"""lmforge's CPU decode kernels equal the dequantized weight's product (integer weights: up to
+rounding the activations to int16), in every instruction set this CPU runs (AVX-512 VNNI where it
+has it, AVX2 forced on any x86-64 host), and every caller falls back to torch's ops where no
+kernel runs (the plain path ARM and Apple Silicon take)."""
 
 import dataclasses
 
@@ -32,6 +33,13 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    """x as the integer kernels multiply it: each row rounded to int16 with one scale."""
+    largest = x.abs().amax(-1, keepdim=True)
+    inverse = torch.where(largest > 0, 32767 / largest, 0.0)
+    return torch.round(x * inverse) * (largest / 32767)
+
+
 @pytest.mark.parametrize("isa", RUNNABLE)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11])
 def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> None:
@@ -41,11 +49,31 @@ def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> No
     bf16 = w.bfloat16()
     close(cpu_decode.dense_mm(x, bf16, isa), F.linear(x, bf16.float()))
     q8 = quantize(w, "int8")
-    close(cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa), F.linear(x, q8.dequantize()))
+    close(cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa), F.linear(rounded(x), q8.dequantize()))
     for group in (32, 64, 128):
         q4 = quantize(w, "int4", group)
         got = cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, group, isa)
-        close(got, F.linear(x, q4.dequantize()))
+        close(got, F.linear(rounded(x), q4.dequantize()))
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_integer_kernels_round_finely_and_keep_nan_and_zero_rows(isa: str) -> None:
+    x = torch.randn(4, IN) * torch.tensor([[1.0], [1e-30], [1e30], [1.0]])
+    x[2, 7], x[3] = float("nan"), 0.0
+    w = weight()
+    q8, q4 = quantize(w, "int8"), quantize(w, "int4", 64)
+    for got, exact in (
+        (cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa), F.linear(x, q8.dequantize())),
+        (
+            cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, 64, isa),
+            F.linear(x, q4.dequantize()),
+        ),
+    ):
+        assert got[2].isnan().all() and got[3].eq(0).all()
+        for row in (0, 1):  # within half an int16 step of each row's largest value, at any scale
+            step = x[row].abs().max() / 32767
+            bound = 0.5 * step * w.abs().sum(-1) + 1e-6 * exact[row].abs().max()
+            assert ((got[row] - exact[row]).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
@@ -75,7 +103,8 @@ def test_quantized_linear_takes_the_forced_kernel_and_agrees(monkeypatch, profil
         q = quantize(weight(), scheme, group)
         want = "avx2" if profile == "avx2" else "dequantize"  # eager, 3 rows
         assert kernel_for(scheme, 3, False, x, cpu_decode.isa_for()) == want
-        close(QuantizedLinear.from_weight(q)(x), F.linear(x, q.dequantize()))
+        seen = rounded(x) if profile == "avx2" else x
+        close(QuantizedLinear.from_weight(q)(x), F.linear(seen, q.dequantize()))
 
 
 def test_the_kernel_is_chosen_only_where_one_runs() -> None:
@@ -113,4 +142,4 @@ def test_compiled_decode_calls_the_kernel_and_agrees() -> None:
     q = quantize(weight(), "int4", 128)
     module = QuantizedLinear.from_weight(q)
     x = torch.randn(1, 1, IN)
-    close(torch.compile(module, fullgraph=True)(x), F.linear(x, q.dequantize()))
+    close(torch.compile(module, fullgraph=True)(x), F.linear(rounded(x), q.dequantize()))

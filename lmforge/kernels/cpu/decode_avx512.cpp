@@ -1,4 +1,5 @@
-// The decode kernels (decode_kernels.h) over 16-lane AVX-512 vectors.
+// The decode kernels (decode_kernels.h) over 16-lane AVX-512 vectors: the integer products in
+// AVX-512 VNNI's vpdpwssd on 256-bit vectors.
 #include <immintrin.h>
 
 #include "decode_kernels.h"
@@ -11,7 +12,6 @@ struct Avx512 {
   static constexpr int W = 16;    // fp32 lanes
   static constexpr int ACC = 8;   // (rows of W) x (rows of x) a block works on at once
   static reg zero() { return _mm512_setzero_ps(); }
-  static reg set1(float v) { return _mm512_set1_ps(v); }
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static float sum(reg v) { return _mm512_reduce_add_ps(v); }
@@ -19,16 +19,6 @@ struct Avx512 {
   static reg widen(const uint16_t* p) {  // bf16 is the top half of an fp32
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-  }
-  static reg widen(const int8_t* p) {
-    __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-  }
-  static void nibbles(const uint8_t* p, reg& lo, reg& hi) {
-    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    __m128i mask = _mm_set1_epi8(0x0F);
-    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, mask)));
-    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
   }
 };
 

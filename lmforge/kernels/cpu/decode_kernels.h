@@ -1,29 +1,67 @@
-// Weight-only matrix products for decoding, written once over a vector type V and compiled once
-// per instruction set (decode_avx2.cpp, decode_avx512.cpp): y[m, n] = sum_k x[m, k] * W[n, k]
-// for a few rows m of fp32 activations and a weight W stored as int8 with one scale per row,
-// packed int4 with a scale and a zero point per group of inputs (lmforge's half-group nibble
-// layout, quant/schemes.py), bf16, or fp32.
+// Weight-only matrix products for decoding, written once and compiled once per instruction set
+// (decode_avx2.cpp, decode_avx512.cpp): y[m, n] = sum_k x[m, k] * W[n, k] for a few rows m of
+// fp32 activations and a weight W stored as int8 with one scale per row, packed int4 with a
+// scale and a zero point per group of inputs (lmforge's half-group nibble layout,
+// quant/schemes.py), bf16, or fp32.
 //
 // Decode is bound by the bytes of W it reads, so each kernel reads W exactly once per call, in
-// order, converting its codes to fp32 in registers, and reuses every loaded piece of W for all
-// rows of x and every loaded piece of x for R rows of W (R * rows accumulators in registers).
-// The activations stay fp32: the results are the dequantized weight's products up to summation
-// order, so quality is the quantization's own, with no error from rounding activations.
+// order, and reuses every loaded piece of W for all rows of x and every loaded piece of x for R
+// rows of W (R * rows accumulators in registers).
+// - Float weights are widened to fp32 in registers and multiplied over the set's vector type V.
+// - Integer weights are multiplied as integers: each row of x is first rounded to int16 with one
+//   scale (x ~ dx * xq: an error of at most 2^-16 of the row's largest value, 128 times finer
+//   than bf16's rounding), and the codes, widened to 16 bits, meet it in pairwise multiply-adds
+//   into 32-bit sums (vpmaddwd; one vpdpwssd with AVX-512 VNNI). That is a third of the
+//   instructions of converting every code to fp32, which made int4 slower than int8 although it
+//   reads half the bytes. These use 256-bit vectors in both builds (16-bit lanes fill them).
 //
 // No torch header is included here: this code is compiled with instruction-set flags, and any
 // inline function it shared with the rest of the library could be linked into code that runs
 // on a CPU without those instructions.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
+#include <type_traits>
+
+#include "decode_entry_points.h"
 
 namespace lmforge_decode {
 namespace {
 
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+// Calls f(Int<M>) for a run-time number of rows M in 1..8, so each count gets its own registers.
+template <class F>
+inline void with_rows(int64_t M, F f) {
+  switch (M) {
+    case 1: return f(Int<1>{});
+    case 2: return f(Int<2>{});
+    case 3: return f(Int<3>{});
+    case 4: return f(Int<4>{});
+    case 5: return f(Int<5>{});
+    case 6: return f(Int<6>{});
+    case 7: return f(Int<7>{});
+    default: return f(Int<8>{});
+  }
+}
+
+// Rows n0..n1 of W in blocks of R = ACC / M rows (ACC accumulators), then one row at a time.
+template <int ACC, int M, class Block>
+inline void by_blocks(int64_t n0, int64_t n1, Block block) {
+  constexpr int R = ACC / M > 0 ? ACC / M : 1;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) block(Int<R>{}, n);
+  for (; n < n1; ++n) block(Int<1>{}, n);
+}
+
+// ---- float weights: fp32 or bf16, over the set's vector type V --------------------------------
+
 // One output row block: R rows of W against M rows of x, for weights of element type T.
 template <class V, class T, int R, int M>
-inline void dense_block(const float* x, int64_t K, const T* w, const float* scales, float* y,
-                        int64_t n, int64_t N) {
+inline void dense_block(const float* x, int64_t K, const T* w, float* y, int64_t n, int64_t N) {
   typename V::reg acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) acc[r][m] = V::zero();
@@ -37,49 +75,161 @@ inline void dense_block(const float* x, int64_t K, const T* w, const float* scal
       for (int m = 0; m < M; ++m) acc[r][m] = V::fma(wv, xv[m], acc[r][m]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float scale = scales ? scales[n + r] : 1.0f;
-    for (int m = 0; m < M; ++m) y[m * N + n + r] = V::sum(acc[r][m]) * scale;
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) y[m * N + n + r] = V::sum(acc[r][m]);
+}
+
+template <class V, class T>
+inline void dense(const float* x, int64_t M, int64_t K, const T* w, float* y, int64_t n0,
+                  int64_t n1, int64_t N) {
+  with_rows(M, [&](auto rows) {
+    constexpr int m = decltype(rows)::value;
+    by_blocks<V::ACC, m>(n0, n1, [&](auto block, int64_t n) {
+      dense_block<V, T, decltype(block)::value, m>(x, K, w, y, n, N);
+    });
+  });
+}
+
+// ---- integer weights: 16-bit lanes of 256-bit vectors ------------------------------------------
+
+constexpr float XQ_MAX = 32767.0f;
+constexpr int INT8_ACC = 8, INT4_ACC = 4;  // accumulators per block (16 ymm registers in all)
+// Inputs summed in 32-bit lanes before they move to fp32: a lane gains two products of at most
+// 128 * 32767 per 16 inputs, so 2048 inputs stay below 2^31 by a factor of four.
+constexpr int64_t INT_CHUNK = 2048;
+
+// acc + the pairwise products of the 16-bit lanes of a and b, summed into 32-bit lanes.
+inline __m256i dot_pairs(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i load16(const int16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+inline __m128i load_bytes(const void* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+// Rows of x (M x K) as xq (int16) with dx[m] * xq[m, k] ~ x[m, k]; a row holding a NaN or an
+// infinity gets a NaN scale, so its products are NaN, as a float product's would be. With
+// group > 0, also each row's sums per group of inputs (M x K / group) for int4's zero points,
+// of the rounded x, so that the product is the rounded x's.
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int16_t* xq,
+                          float* dx, float* xsum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256 v = _mm256_loadu_ps(row + k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float largest = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const bool finite = _mm256_movemask_ps(nan) == 0 && largest <= 3.4028234e38f;
+    dx[m] = finite ? largest / XQ_MAX : __builtin_nanf("");
+    const __m256 inverse = _mm256_set1_ps(finite && largest > 0 ? XQ_MAX / largest : 0.0f);
+    for (int64_t k = 0; k < K; k += 16) {
+      __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + k), inverse));
+      __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + k + 8), inverse));
+      // packs works within 128-bit halves: put the four 64-bit pieces back in order
+      __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * K + k), packed);
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; group > 0 && g < K / group; ++g) {
+      __m256i total = _mm256_setzero_si256();
+      for (int64_t k = g * group; k < (g + 1) * group; k += 16)
+        total = dot_pairs(total, load16(xq + m * K + k), ones);
+      xsum[m * (K / group) + g] = sum8(_mm256_cvtepi32_ps(total)) * dx[m];
+    }
   }
 }
 
-// int4: sum_g s_g * (sum_{j in g} q_j x_j - z_g * sum_{j in g} x_j). The codes' products are
-// summed per group in vector registers and scaled once per group; the zero points' term uses
-// the group sums of x (xsum, M x G), computed once per call rather than once per row of W.
-template <class V, int R, int M>
-inline void int4_block(const float* x, const float* xsum, int64_t K, int64_t group,
-                       const uint8_t* w, const float* scales, const float* zeros, float* y,
-                       int64_t n, int64_t N) {
-  const int64_t groups = K / group, half = group / 2;
-  typename V::reg total[R][M];
+// int8: y = dx * s_n * sum_k xq_k q_k, summed as integers INT_CHUNK inputs at a time.
+template <int R, int M>
+inline void int8_block(const int16_t* xq, const float* dx, int64_t K, const int8_t* w,
+                       const float* scales, float* y, int64_t n, int64_t N) {
+  __m256 total[R][M];
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) total[r][m] = V::zero();
-  for (int64_t g = 0; g < groups; ++g) {
-    typename V::reg acc[R][M];
+    for (int m = 0; m < M; ++m) total[r][m] = _mm256_setzero_ps();
+  for (int64_t k0 = 0; k0 < K; k0 += INT_CHUNK) {
+    const int64_t k1 = k0 + INT_CHUNK < K ? k0 + INT_CHUNK : K;
+    __m256i acc[R][M];
     for (int r = 0; r < R; ++r)
-      for (int m = 0; m < M; ++m) acc[r][m] = V::zero();
-    for (int64_t j = 0; j < half; j += V::W) {
-      typename V::reg lo_x[M], hi_x[M];
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
+    for (int64_t k = k0; k < k1; k += 16) {
+      __m256i xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = load16(xq + m * K + k);
+      const bool line_start = k % 64 == 0;
+      for (int r = 0; r < R; ++r) {
+        if (line_start) __builtin_prefetch(w + (n + r + R) * K + k);  // see int4_block
+        __m256i codes = _mm256_cvtepi8_epi16(load_bytes(w + (n + r) * K + k));
+        for (int m = 0; m < M; ++m) acc[r][m] = dot_pairs(acc[r][m], codes, xv[m]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m)
+        total[r][m] = _mm256_add_ps(total[r][m], _mm256_cvtepi32_ps(acc[r][m]));
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) y[m * N + n + r] = sum8(total[r][m]) * dx[m] * scales[n + r];
+}
+
+// int4: y = sum_g s_g (sum_{k in g} q_k x_k - z_g sum_{k in g} x_k). The codes' products are
+// summed as integers per group and scaled once per group; the zero points' term uses the group
+// sums of x, computed once per call rather than once per row of W.
+template <int R, int M>
+inline void int4_block(const int16_t* xq, const float* dx, const float* xsum, int64_t K,
+                       int64_t group, const uint8_t* w, const float* scales, const float* zeros,
+                       float* y, int64_t n, int64_t N) {
+  const int64_t groups = K / group, half = group / 2;
+  const __m256i low_nibble = _mm256_set1_epi16(0x0F);
+  __m256 total[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) total[r][m] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i acc[R][M];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
+    for (int64_t j = 0; j < half; j += 16) {
+      __m256i lo_x[M], hi_x[M];
       for (int m = 0; m < M; ++m) {
-        lo_x[m] = V::load(x + m * K + g * group + j);
-        hi_x[m] = V::load(x + m * K + g * group + half + j);
+        lo_x[m] = load16(xq + m * K + g * group + j);
+        hi_x[m] = load16(xq + m * K + g * group + half + j);
       }
       const bool line_start = (g * half + j) % 64 == 0;
       for (int r = 0; r < R; ++r) {
         // W's rows are a few hundred bytes, too short for the hardware prefetcher to get ahead
         // within a block: each row asks for the same line in the next block's row (2-3x)
         if (line_start) __builtin_prefetch(w + (n + r + R) * (K / 2) + g * half + j);
-        typename V::reg lo, hi;
-        V::nibbles(w + (n + r) * (K / 2) + g * half + j, lo, hi);
+        // a byte widened to 16 bits holds its high nibble in bits 4..7 alone: no mask needed
+        __m256i codes = _mm256_cvtepu8_epi16(load_bytes(w + (n + r) * (K / 2) + g * half + j));
+        __m256i lo = _mm256_and_si256(codes, low_nibble), hi = _mm256_srli_epi16(codes, 4);
         for (int m = 0; m < M; ++m) {
-          acc[r][m] = V::fma(lo, lo_x[m], acc[r][m]);
-          acc[r][m] = V::fma(hi, hi_x[m], acc[r][m]);
+          acc[r][m] = dot_pairs(acc[r][m], lo, lo_x[m]);
+          acc[r][m] = dot_pairs(acc[r][m], hi, hi_x[m]);
         }
       }
     }
     for (int r = 0; r < R; ++r) {
-      typename V::reg scale = V::set1(scales[(n + r) * groups + g]);
-      for (int m = 0; m < M; ++m) total[r][m] = V::fma(acc[r][m], scale, total[r][m]);
+      __m256 scale = _mm256_set1_ps(scales[(n + r) * groups + g]);
+      for (int m = 0; m < M; ++m)
+        total[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][m]), scale, total[r][m]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -88,85 +238,46 @@ inline void int4_block(const float* x, const float* xsum, int64_t K, int64_t gro
     for (int m = 0; m < M; ++m) {
       float offset = 0.0f;
       for (int64_t g = 0; g < groups; ++g) offset += s[g] * z[g] * xsum[m * groups + g];
-      y[m * N + n + r] = V::sum(total[r][m]) - offset;
+      y[m * N + n + r] = sum8(total[r][m]) * dx[m] - offset;
     }
   }
 }
 
-template <class V, class T, int M>
-void dense_rows(const float* x, int64_t K, const T* w, const float* scales, float* y, int64_t n0,
-                int64_t n1, int64_t N) {
-  constexpr int R = V::ACC / M > 0 ? V::ACC / M : 1;
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) dense_block<V, T, R, M>(x, K, w, scales, y, n, N);
-  for (; n < n1; ++n) dense_block<V, T, 1, M>(x, K, w, scales, y, n, N);
-}
-
-template <class V, int M>
-void int4_rows(const float* x, const float* xsum, int64_t K, int64_t group, const uint8_t* w,
-               const float* scales, const float* zeros, float* y, int64_t n0, int64_t n1,
-               int64_t N) {
-  constexpr int R = V::ACC / M > 0 ? V::ACC / M : 1;
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) int4_block<V, R, M>(x, xsum, K, group, w, scales, zeros, y, n, N);
-  for (; n < n1; ++n) int4_block<V, 1, M>(x, xsum, K, group, w, scales, zeros, y, n, N);
-}
-
 }  // namespace
 
-// The entry points each instruction set's file defines: rows n0..n1 of y (M x N, M <= 8).
-#define LMFORGE_DECODE_ENTRY_POINTS(isa)                                                       \
-  void dense_f32_##isa(const float* x, int64_t M, int64_t K, const float* w, float* y,        \
-                       int64_t n0, int64_t n1, int64_t N);                                     \
-  void dense_bf16_##isa(const float* x, int64_t M, int64_t K, const uint16_t* w, float* y,    \
-                        int64_t n0, int64_t n1, int64_t N);                                    \
-  void int8_##isa(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scales, \
-                  float* y, int64_t n0, int64_t n1, int64_t N);                                \
-  void int4_##isa(const float* x, const float* xsum, int64_t M, int64_t K, int64_t group,     \
-                  const uint8_t* w, const float* scales, const float* zeros, float* y,        \
-                  int64_t n0, int64_t n1, int64_t N);
-
-// Defines them in an instruction set's file, over its vector type V, by the number of rows.
-#define LMFORGE_DECODE_DEFINE(isa, V)                                                          \
-  template <class T>                                                                           \
-  static void dense_any(const float* x, int64_t M, int64_t K, const T* w, const float* scales, \
-                        float* y, int64_t n0, int64_t n1, int64_t N) {                         \
-    switch (M) {                                                                               \
-      case 1: return dense_rows<V, T, 1>(x, K, w, scales, y, n0, n1, N);                       \
-      case 2: return dense_rows<V, T, 2>(x, K, w, scales, y, n0, n1, N);                       \
-      case 3: return dense_rows<V, T, 3>(x, K, w, scales, y, n0, n1, N);                       \
-      case 4: return dense_rows<V, T, 4>(x, K, w, scales, y, n0, n1, N);                       \
-      case 5: return dense_rows<V, T, 5>(x, K, w, scales, y, n0, n1, N);                       \
-      case 6: return dense_rows<V, T, 6>(x, K, w, scales, y, n0, n1, N);                       \
-      case 7: return dense_rows<V, T, 7>(x, K, w, scales, y, n0, n1, N);                       \
-      default: return dense_rows<V, T, 8>(x, K, w, scales, y, n0, n1, N);                      \
-    }                                                                                          \
-  }                                                                                            \
-  void dense_f32_##isa(const float* x, int64_t M, int64_t K, const float* w, float* y,        \
-                       int64_t n0, int64_t n1, int64_t N) {                                    \
-    dense_any<float>(x, M, K, w, nullptr, y, n0, n1, N);                                       \
-  }                                                                                            \
-  void dense_bf16_##isa(const float* x, int64_t M, int64_t K, const uint16_t* w, float* y,    \
-                        int64_t n0, int64_t n1, int64_t N) {                                   \
-    dense_any<uint16_t>(x, M, K, w, nullptr, y, n0, n1, N);                                    \
-  }                                                                                            \
-  void int8_##isa(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scales, \
-                  float* y, int64_t n0, int64_t n1, int64_t N) {                               \
-    dense_any<int8_t>(x, M, K, w, scales, y, n0, n1, N);                                       \
-  }                                                                                            \
-  void int4_##isa(const float* x, const float* xsum, int64_t M, int64_t K, int64_t group,     \
-                  const uint8_t* w, const float* scales, const float* zeros, float* y,        \
-                  int64_t n0, int64_t n1, int64_t N) {                                         \
-    switch (M) {                                                                               \
-      case 1: return int4_rows<V, 1>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      case 2: return int4_rows<V, 2>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      case 3: return int4_rows<V, 3>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      case 4: return int4_rows<V, 4>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      case 5: return int4_rows<V, 5>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      case 6: return int4_rows<V, 6>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      case 7: return int4_rows<V, 7>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);       \
-      default: return int4_rows<V, 8>(x, xsum, K, group, w, scales, zeros, y, n0, n1, N);      \
-    }                                                                                          \
+// Defines them in an instruction set's file, over its float vector type V.
+#define LMFORGE_DECODE_DEFINE(isa, V)                                                           \
+  void dense_f32_##isa(const float* x, int64_t M, int64_t K, const float* w, float* y,         \
+                       int64_t n0, int64_t n1, int64_t N) {                                     \
+    dense<V, float>(x, M, K, w, y, n0, n1, N);                                                  \
+  }                                                                                             \
+  void dense_bf16_##isa(const float* x, int64_t M, int64_t K, const uint16_t* w, float* y,     \
+                        int64_t n0, int64_t n1, int64_t N) {                                    \
+    dense<V, uint16_t>(x, M, K, w, y, n0, n1, N);                                               \
+  }                                                                                             \
+  void quantize_##isa(const float* x, int64_t M, int64_t K, int64_t group, int16_t* xq,        \
+                      float* dx, float* xsum) {                                                 \
+    quantize_rows(x, M, K, group, xq, dx, xsum);                                                \
+  }                                                                                             \
+  void int8_##isa(const int16_t* xq, const float* dx, int64_t M, int64_t K, const int8_t* w,   \
+                  const float* scales, float* y, int64_t n0, int64_t n1, int64_t N) {           \
+    with_rows(M, [&](auto rows) {                                                               \
+      constexpr int m = decltype(rows)::value;                                                  \
+      by_blocks<INT8_ACC, m>(n0, n1, [&](auto block, int64_t n) {                               \
+        int8_block<decltype(block)::value, m>(xq, dx, K, w, scales, y, n, N);                   \
+      });                                                                                       \
+    });                                                                                         \
+  }                                                                                             \
+  void int4_##isa(const int16_t* xq, const float* dx, const float* xsum, int64_t M, int64_t K, \
+                  int64_t group, const uint8_t* w, const float* scales, const float* zeros,    \
+                  float* y, int64_t n0, int64_t n1, int64_t N) {                                \
+    with_rows(M, [&](auto rows) {                                                               \
+      constexpr int m = decltype(rows)::value;                                                  \
+      by_blocks<INT4_ACC, m>(n0, n1, [&](auto block, int64_t n) {                               \
+        int4_block<decltype(block)::value, m>(xq, dx, xsum, K, group, w, scales, zeros, y, n,   \
+                                              N);                                               \
+      });                                                                                       \
+    });                                                                                         \
   }
 
 }  // namespace lmforge_decode

@@ -5,13 +5,12 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/sum.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <string>
 
-#include "decode_kernels.h"
+#include "decode_entry_points.h"
 
 namespace lmforge_decode {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -85,6 +84,25 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, const std::string&
   });
 }
 
+// x rounded to int16 with one scale per row (and, with group > 0, its sums per group), which the
+// integer kernels multiply the codes by.
+struct QuantizedRows {
+  at::Tensor xq, dx, xsum;
+};
+
+QuantizedRows quantize(const at::Tensor& x, int64_t group, bool avx512) {
+  const int64_t M = x.size(0), K = x.size(1);
+  QuantizedRows q{at::empty({M, K}, x.options().dtype(at::kShort)), at::empty({M}, x.options()),
+                  at::empty({M, group > 0 ? K / group : 0}, x.options())};
+#if defined(__x86_64__) || defined(_M_X64)
+  using namespace lmforge_decode;
+  (avx512 ? quantize_avx512 : quantize_avx2)(x.data_ptr<float>(), M, K, group,
+                                             q.xq.data_ptr<int16_t>(), q.dx.data_ptr<float>(),
+                                             q.xsum.data_ptr<float>());
+#endif
+  return q;
+}
+
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
                    const std::string& isa) {
   check_operands(x, w, w.size(1));
@@ -94,13 +112,16 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
               "lmforge_cpu::int8_mm: scales must be float32, one per row of the weight");
   const bool avx512 = wide(isa);
   const int64_t K = x.size(1), N = w.size(0);
+  const QuantizedRows q = quantize(x, 0, avx512);
+  const int16_t* xq = q.xq.data_ptr<int16_t>();
+  const float* dx = q.dx.data_ptr<float>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  return run(x, N, K, [&](const float* xs, float* ys, int64_t, int64_t m, int64_t n0,
+  return run(x, N, K, [&](const float*, float* ys, int64_t m0, int64_t m, int64_t n0,
                           int64_t n1) {
 #if defined(__x86_64__) || defined(_M_X64)
     using namespace lmforge_decode;
-    (avx512 ? int8_avx512 : int8_avx2)(xs, m, K, wp, sp, ys, n0, n1, N);
+    (avx512 ? int8_avx512 : int8_avx2)(xq + m0 * K, dx + m0, m, K, wp, sp, ys, n0, n1, N);
 #endif
   });
 }
@@ -118,16 +139,17 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
                 "lmforge_cpu::int4_mm: scales and zeros must be float32 (rows, groups)");
   }
   const bool avx512 = wide(isa);
-  at::Tensor xsum = x.view({x.size(0), groups, group_size}).sum(-1).contiguous();
+  const QuantizedRows q = quantize(x, group_size, avx512);
+  const int16_t* xq = q.xq.data_ptr<int16_t>();
+  const float *dx = q.dx.data_ptr<float>(), *xsum = q.xsum.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float *sp = scales.data_ptr<float>(), *zp = zeros.data_ptr<float>();
-  const float* xsp = xsum.data_ptr<float>();
-  return run(x, N, K / 2, [&](const float* xs, float* ys, int64_t m0, int64_t m, int64_t n0,
+  return run(x, N, K / 2, [&](const float*, float* ys, int64_t m0, int64_t m, int64_t n0,
                               int64_t n1) {
 #if defined(__x86_64__) || defined(_M_X64)
     using namespace lmforge_decode;
-    (avx512 ? int4_avx512 : int4_avx2)(xs, xsp + m0 * groups, m, K, group_size, wp, sp, zp, ys,
-                                       n0, n1, N);
+    (avx512 ? int4_avx512 : int4_avx2)(xq + m0 * K, dx + m0, xsum + m0 * groups, m, K,
+                                       group_size, wp, sp, zp, ys, n0, n1, N);
 #endif
   });
 }
