@@ -4,8 +4,10 @@ One Llama (d_model 768, 12 layers, 12 heads, SwiGLU 2048, a 4,096-token byte-lev
 tokenizer trained here on the standard library's source: about 85M parameters) is exported by
 lmforge's own GGUF writer in f32, f16, q8_0 and q4_0 and decoded by llama.cpp (the
 llama-cpp-python bindings); lmforge decodes the same float weights in fp32 and bf16, and their
-int8 and int4-g128 (round to nearest) quantizations, in its engine with the compiled decode
-step and weights laid out for one row (`lmforge chat` and `generate` run that way). Pairs of
+int8 and int4-g128 (round to nearest) quantizations of every matrix, the output head included as
+llama.cpp's q8_0 and q4_0 files have it (`lmforge quantize --quantize-head`), in its engine
+with the compiled decode step and weights laid out for one row (`lmforge chat` and `generate`
+run that way). Pairs of
 equal width: fp32 vs f32, bf16 vs f16 (16 bits), int8 vs q8_0 (8.04 vs 8.5 bits per weight),
 int4-g128 vs q4_0 (4.5 bits per weight each).
 
@@ -76,7 +78,7 @@ def lmforge_models(model: Transformer) -> dict[str, Transformer]:
     out = {"fp32": model, "bf16": copy.deepcopy(model).bfloat16()}
     for label, scheme, group in (("int8", "int8", None), ("int4-g128", "int4", 128)):
         out[label] = copy.deepcopy(model)
-        quantize_model(out[label], scheme, group)
+        quantize_model(out[label], scheme, group, quantize_head=True)
     return out
 
 
@@ -98,13 +100,13 @@ def llamacpp_rate(llm, prompt: list[int], n: int) -> float:
 
 
 def bytes_per_token(config: ModelConfig, label: str) -> float:
-    """The planner's weight bytes one decode step reads (lmforge's quantized heads stay fp32)."""
+    """The planner's weight bytes one decode step reads (the head quantized with the rest)."""
     shape = from_model_config(label, config)
     if label in ("fp32", "bf16"):
         return weight_bytes_read(shape, 1, 4.0 if label == "fp32" else 2.0)
     if label == "int8":
-        return quantized_bytes_read(shape, "int8")
-    return quantized_bytes_read(shape, "int4", 128)
+        return quantized_bytes_read(shape, "int8", head_bytes=1 + 4 / shape.d_model)
+    return quantized_bytes_read(shape, "int4", 128, head_bytes=0.5 + 8 / 128)
 
 
 def side_by_side(models: dict, files: dict, prompt: list[int], threads: int, args) -> dict:

@@ -4,17 +4,21 @@ Speed: every side is lmforge's engine with a compiled decode step over identical
 batch 1 (a one-slot engine) and batch 8 (eight slots), timed as in bench_infer.py (CPU time of
 the scheduler thread, one thread, interleaved repetitions, medians):
 - fp32: the weights laid out for the batch as the engine does (lmforge's decode kernels on an
-  x86-64 CPU with AVX2 or AVX-512, up to 8 rows; elsewhere streamed at batch 1, oneDNN-packed
+  x86-64 CPU with AVX2 or AVX-512 VNNI, up to 8 rows; elsewhere streamed at batch 1, oneDNN-packed
   at 8);
 - lmforge int8 / int4-g128: QuantizedLinear, which reads the codes in the same decode kernels
   (elsewhere: dequantization fused into the streamed loop at batch 1, torch's int8 packed
-  kernel or dequantize-then-matmul at batch 8);
+  kernel or dequantize-then-matmul at batch 8), the float head laid out as fp32's is;
+- "+ head": the same with the output head quantized too (`lmforge quantize --quantize-head`, and
+  what llama.cpp's q8_0 and q4_0 files hold): the 134M model's fp32 head is 98 MB of the
+  183 MB an int8 step reads;
 - torchao: `quantize_(model, Int8WeightOnlyConfig())` on the same float model.
 Resident weight bytes are measured from the modules' tensors.
 
 Quality (with --checkpoint): bits per byte on the checkpoint's validation split for the float
-model and its int8, int4-g128 RTN, AWQ and GPTQ quantizations (calibration: 128 windows of the
-same split, as `lmforge quantize` takes by default), and each one's Δ against float.
+model and its int8, int4-g128 RTN, AWQ and GPTQ quantizations and RTN with the head quantized
+(calibration: 128 windows of the same split, as `lmforge quantize` takes by default), and each
+one's Δ against float.
 Writes benchmarks/results/quant.json.
 
     python benchmarks/bench_quant.py [--reps 3] [--only small|large] [--checkpoint RUN]
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import json
 import os
 import platform
@@ -37,7 +42,9 @@ import torch
 from bench_infer import NoSpecials, lmforge_run, rates
 
 from lmforge.atomic import write_json
+from lmforge.device.capability import cpu_capability
 from lmforge.infer.engine import Engine
+from lmforge.kernels import cpu_decode
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.inference import quantized_bytes_read, weight_bytes_read
 from lmforge.plan.shapes import from_model_config
@@ -49,7 +56,9 @@ MODELS = {  # config, decode steps
     "small": (ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=4), 64),
     "large": (ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12), 32),
 }
+HEAD = " + head"
 TARGETS = {("int8", "b1"): 2.0, ("int4-g128", "b1"): 3.0, ("int8", "b8"): 1.3}
+TARGETS.update({(label + HEAD, key): target for (label, key), target in TARGETS.items()})
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
@@ -61,9 +70,10 @@ def variants(model: Transformer) -> dict[str, tuple[Transformer, bool]]:
     """label: (model, relayout_weights)."""
     out = {"fp32": (model, True)}
     for label, scheme, group in (("int8", "int8", None), ("int4-g128", "int4", 128)):
-        q = copy.deepcopy(model)
-        quantize_model(q, scheme, group)
-        out[label] = (q, False)
+        for head in (False, True):
+            q = copy.deepcopy(model)
+            quantize_model(q, scheme, group, quantize_head=head)
+            out[label + (HEAD if head else "")] = (q, True)
     try:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -119,10 +129,13 @@ def planned_ratio(config: ModelConfig, label: str) -> float:
     """The planner's batch-1 speed-up if decode were bound by the weight bytes read alone."""
     shape = from_model_config(label, config)
     fp32 = weight_bytes_read(shape, 1, 4.0)
+    head = label.endswith(HEAD)
     if label.startswith("int8"):
-        return fp32 / quantized_bytes_read(shape, "int8")
+        return fp32 / quantized_bytes_read(
+            shape, "int8", head_bytes=1 + 4 / shape.d_model if head else 4.0
+        )
     if label.startswith("int4"):
-        return fp32 / quantized_bytes_read(shape, "int4", 128)
+        return fp32 / quantized_bytes_read(shape, "int4", 128, head_bytes=0.5625 if head else 4.0)
     return 1.0 if label == "fp32" else fp32 / weight_bytes_read(shape, 1, 1.0)
 
 
@@ -134,15 +147,16 @@ def bench_quality(checkpoint: str) -> dict:
     calibration = calibration_ids(checkpoint, None, 128)
     rows = {"fp32": evaluate_checkpoint(checkpoint).result.bpb}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, scheme, method in (
-            ("int8", "int8", "rtn"),
-            ("int4-g128 rtn", "int4", "rtn"),
-            ("int4-g128 awq", "int4", "awq"),
-            ("int4-g128 gptq", "int4", "gptq"),
+        for label, scheme, method, head in (
+            ("int8", "int8", "rtn", False),
+            ("int4-g128 rtn", "int4", "rtn", False),
+            ("int4-g128 awq", "int4", "awq", False),
+            ("int4-g128 gptq", "int4", "gptq", False),
+            ("int8" + HEAD, "int8", "rtn", True),
+            ("int4-g128 rtn" + HEAD, "int4", "rtn", True),
         ):
-            out = quantize_checkpoint(
-                checkpoint, Path(tmp) / label.replace(" ", "-"), scheme, 128, method, calibration
-            )
+            folder = Path(tmp) / label.replace(" ", "-")
+            out = quantize_checkpoint(checkpoint, folder, scheme, 128, method, calibration, head)
             rows[label] = evaluate_checkpoint(out).result.bpb
     return {k: {"bpb": v, "delta": v - rows["fp32"]} for k, v in rows.items()}
 
@@ -161,7 +175,13 @@ def main() -> None:
         parser.error("--quality-only needs --checkpoint")
     # What this run does not measure (the other model, the quality table) is kept as saved.
     out = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"speed": {}}
-    out.update(machine=platform.processor() or platform.machine(), torch=torch.__version__)
+    out.update(
+        machine=platform.machine(),
+        cpu=cpu_capability().model or platform.processor(),
+        decode_kernels=cpu_decode.isa_for(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+    )
     print(
         "| model | weights | resident MB | decode b1 tok/s | ×fp32 | planned ×fp32 "
         "| decode b8 tok/s | ×fp32 |"
@@ -180,9 +200,8 @@ def main() -> None:
         out["targets"] = {}
         for (label, key), target in TARGETS.items():
             ratio = large[label][f"ratio_{key}"]
-            ahead = all(
-                ratio >= large[other][f"ratio_{key}"] for other in large if "torchao" in other
-            )
+            torchao = [large[o][f"ratio_{key}"] for o in large if "torchao" in o]
+            ahead = all(ratio >= other for other in torchao) if torchao else None
             out["targets"][f"{label} {key}"] = {
                 "ratio": ratio,
                 "target": target,

@@ -3,8 +3,11 @@ packed int4, bf16 or fp32 weight, at the speed of the bytes they read (kernels/c
 
 A batch-1 decode step reads every weight once, so its speed is memory bandwidth over bytes per
 weight. torch's generic ops reach about a third of the bandwidth on a matrix-vector product
-and cannot read int4 codes without writing a float copy of the weight; these kernels convert
-codes to fp32 in registers and reuse each loaded piece of the weight for every row of x.
+and cannot read int4 codes without writing a float copy of the weight; these kernels read the
+weight once and reuse each loaded piece of it for every row of x. Float weights are widened to
+fp32 in registers; integer codes are multiplied as integers against x rounded to int16 per row
+(a relative step of 2^-16: 128 times finer than bf16), which takes a third of the instructions
+of converting every code to fp32 and is what lets int4 run faster than int8.
 
 The C++ is compiled once per source, torch version and compiler, with this machine's compiler
 (torch.compile needs the same one), into `kernel_dir()` (`make` does it at install; otherwise
@@ -86,6 +89,14 @@ def int4_mm(
     """x Wᵀ for W in lmforge's packed int4 (quant/schemes.py): (codes - zeros) * scales."""
     op = torch.ops.lmforge_cpu.int4_mm
     return _rows(x, lambda x2: op(x2, qweight, scales, zeros, group_size, isa), qweight.shape[0])
+
+
+def integer_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as int8_mm and int4_mm multiply it, in fp32: each row rounded to int16 steps of
+    max|row| / 32767 (the reference their results are tested against)."""
+    largest = x.float().abs().amax(-1, keepdim=True)
+    inverse = torch.where(largest > 0, 32767 / largest, 0.0)
+    return torch.round(x.float() * inverse) * (largest / 32767)
 
 
 def _rows(x: torch.Tensor, product, out_features: int) -> torch.Tensor:

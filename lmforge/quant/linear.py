@@ -1,17 +1,17 @@
 """QuantizedLinear: a Linear whose weight is int8 or packed int4, and the kernel that reads it.
 
 Decode is bound by the bytes of weight read per token. Up to eight rows on an x86-64 CPU with
-AVX2 or AVX-512, lmforge's decode kernels (kernels/cpu_decode.py) read the codes once and
-convert them in registers, eager or compiled. Elsewhere (ARM, or no compiler), the one- and
-two-row path (up to eight rows for int8 with fp32 activations) is the streamed layout of
-infer/weight_layouts.py with dequantization inside it: compiled, the product
-`(x[..., None, :] * codes).sum(-1) * scales` (int4: per half-group, with the zero point)
-becomes one Inductor loop that reads the integer codes, converts them in registers and
-accumulates, never writing a float copy of W. Larger
-batches are bound by the matrix kernel instead: with bf16 activations int8 uses torch's
-`_weight_int8pack_mm` (2.4x faster than an fp32 matmul at 8 rows here, but 20x slower with
-fp32 activations); otherwise the weight is dequantized for the float matmul, which compiled
-costs about what the fp32 matmul does. `kernel_for` is the one place that choice is made.
+AVX2 or AVX-512 VNNI, lmforge's decode kernels (kernels/cpu_decode.py) read the codes once and
+multiply them as integers against x rounded to int16 per row, eager or compiled. Elsewhere
+(ARM, or no compiler), the one- and two-row path (up to eight rows for int8 with fp32
+activations) is the streamed layout of infer/weight_layouts.py with dequantization inside it:
+compiled, the product `(x[..., None, :] * codes).sum(-1) * scales` (int4: per half-group, with
+the zero point) becomes one Inductor loop that reads the integer codes, converts them in
+registers and accumulates, never writing a float copy of W. Larger batches are bound by the
+matrix kernel instead: with bf16 activations int8 uses torch's `_weight_int8pack_mm` (2.4x
+faster than an fp32 matmul at 8 rows here, but 20x slower with fp32 activations); otherwise the
+weight is dequantized for the float matmul, which compiled costs about what the fp32 matmul
+does. `kernel_for` is the one place that choice is made.
 """
 
 from __future__ import annotations

@@ -33,13 +33,6 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
-def rounded(x: torch.Tensor) -> torch.Tensor:
-    """x as the integer kernels multiply it: each row rounded to int16 with one scale."""
-    largest = x.abs().amax(-1, keepdim=True)
-    inverse = torch.where(largest > 0, 32767 / largest, 0.0)
-    return torch.round(x * inverse) * (largest / 32767)
-
-
 @pytest.mark.parametrize("isa", RUNNABLE)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11])
 def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> None:
@@ -49,11 +42,14 @@ def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> No
     bf16 = w.bfloat16()
     close(cpu_decode.dense_mm(x, bf16, isa), F.linear(x, bf16.float()))
     q8 = quantize(w, "int8")
-    close(cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa), F.linear(rounded(x), q8.dequantize()))
+    close(
+        cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa),
+        F.linear(cpu_decode.integer_activations(x), q8.dequantize()),
+    )
     for group in (32, 64, 128):
         q4 = quantize(w, "int4", group)
         got = cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, group, isa)
-        close(got, F.linear(rounded(x), q4.dequantize()))
+        close(got, F.linear(cpu_decode.integer_activations(x), q4.dequantize()))
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
@@ -103,7 +99,7 @@ def test_quantized_linear_takes_the_forced_kernel_and_agrees(monkeypatch, profil
         q = quantize(weight(), scheme, group)
         want = "avx2" if profile == "avx2" else "dequantize"  # eager, 3 rows
         assert kernel_for(scheme, 3, False, x, cpu_decode.isa_for()) == want
-        seen = rounded(x) if profile == "avx2" else x
+        seen = cpu_decode.integer_activations(x) if profile == "avx2" else x
         close(QuantizedLinear.from_weight(q)(x), F.linear(seen, q.dequantize()))
 
 
@@ -142,4 +138,7 @@ def test_compiled_decode_calls_the_kernel_and_agrees() -> None:
     q = quantize(weight(), "int4", 128)
     module = QuantizedLinear.from_weight(q)
     x = torch.randn(1, 1, IN)
-    close(torch.compile(module, fullgraph=True)(x), F.linear(rounded(x), q.dequantize()))
+    close(
+        torch.compile(module, fullgraph=True)(x),
+        F.linear(cpu_decode.integer_activations(x), q.dequantize()),
+    )

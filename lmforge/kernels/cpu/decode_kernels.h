@@ -173,13 +173,12 @@ inline void int8_block(const int16_t* xq, const float* dx, int64_t K, const int8
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
     for (int64_t k = k0; k < k1; k += 16) {
-      __m256i xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = load16(xq + m * K + k);
       const bool line_start = k % 64 == 0;
       for (int r = 0; r < R; ++r) {
         if (line_start) __builtin_prefetch(w + (n + r + R) * K + k);  // see int4_block
         __m256i codes = _mm256_cvtepi8_epi16(load_bytes(w + (n + r) * K + k));
-        for (int m = 0; m < M; ++m) acc[r][m] = dot_pairs(acc[r][m], codes, xv[m]);
+        // x is loaded where it is used: the compiler keeps it in a register where one is free
+        for (int m = 0; m < M; ++m) acc[r][m] = dot_pairs(acc[r][m], codes, load16(xq + m * K + k));
       }
     }
     for (int r = 0; r < R; ++r)
