@@ -1,9 +1,11 @@
 """CPU detection from what each OS says, on fixtures of every kind of machine we support."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from lmforge.device.capability import decode_isa
 from lmforge.device.cpuinfo import cpu_class, normalise_arch, parse_proc_cpuinfo, parse_sysctl
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -63,3 +65,24 @@ def test_an_empty_or_unknown_source_is_a_generic_cpu():
     assert cpu_class(parse_proc_cpuinfo("", "x86_64")) == "generic"
     assert cpu_class(parse_proc_cpuinfo("flags : avx2\n", "riscv64")) == "generic"
     assert parse_sysctl("garbage without separators", "arm64").features == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("fixture", "arch", "isa"),
+    [
+        ("zen4.cpuinfo", "x86_64", "avx512"),
+        ("zen3.cpuinfo", "x86_64", "avx2"),
+        ("intel_laptop.cpuinfo", "x86_64", "avx2"),
+        ("graviton3.cpuinfo", "aarch64", None),
+    ],
+)
+def test_the_decode_kernels_instruction_set_of_each_machine(fixture, arch, isa):
+    info = parse_proc_cpuinfo((FIXTURES / fixture).read_text(), arch)
+    assert decode_isa(info) == isa
+
+
+def test_avx512_without_vnni_takes_the_avx2_decode_kernels():
+    """Skylake-SP has AVX-512 but not VNNI, which the AVX-512 integer kernels are built with."""
+    zen4 = parse_proc_cpuinfo((FIXTURES / "zen4.cpuinfo").read_text(), "x86_64")
+    skylake = dataclasses.replace(zen4, features=zen4.features - {"avx512_vnni"})
+    assert decode_isa(skylake) == "avx2"
