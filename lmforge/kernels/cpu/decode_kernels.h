@@ -122,10 +122,12 @@ inline __m128i load_bytes(const void* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 }
 
-// Rows of x (M x K) as xq (int16) with dx[m] * xq[m, k] ~ x[m, k]; a row holding a NaN or an
-// infinity gets a NaN scale, so its products are NaN, as a float product's would be. With
-// group > 0, also each row's sums per group of inputs (M x K / group) for int4's zero points,
-// of the rounded x, so that the product is the rounded x's.
+// Rows of x (M x K, M <= 8) as xq (int16) with dx[m] * xq[m, k] ~ x[m, k], laid out by 16
+// inputs: xq[k * M + m * 16 + i] holds input k + i of row m (k a multiple of 16), so that one
+// pointer and constant offsets reach every row. A row holding a NaN or an infinity gets a NaN
+// scale, so its products are NaN, as a float product's would be. With group > 0, also each
+// row's sums per group of inputs (M x K / group) for int4's zero points, of the rounded x, so
+// that the product is the rounded x's.
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int16_t* xq,
                           float* dx, float* xsum) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -148,13 +150,13 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, i
       __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + k + 8), inverse));
       // packs works within 128-bit halves: put the four 64-bit pieces back in order
       __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * K + k), packed);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k * M + m * 16), packed);
     }
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; group > 0 && g < K / group; ++g) {
       __m256i total = _mm256_setzero_si256();
       for (int64_t k = g * group; k < (g + 1) * group; k += 16)
-        total = dot_pairs(total, load16(xq + m * K + k), ones);
+        total = dot_pairs(total, load16(xq + k * M + m * 16), ones);
       xsum[m * (K / group) + g] = sum8(_mm256_cvtepi32_ps(total)) * dx[m];
     }
   }
@@ -173,12 +175,12 @@ inline void int8_block(const int16_t* xq, const float* dx, int64_t K, const int8
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
     for (int64_t k = k0; k < k1; k += 16) {
+      const int16_t* xk = xq + k * M;  // loaded where used: kept in registers where they fit
       const bool line_start = k % 64 == 0;
       for (int r = 0; r < R; ++r) {
         if (line_start) __builtin_prefetch(w + (n + r + R) * K + k);  // see int4_block
         __m256i codes = _mm256_cvtepi8_epi16(load_bytes(w + (n + r) * K + k));
-        // x is loaded where it is used: the compiler keeps it in a register where one is free
-        for (int m = 0; m < M; ++m) acc[r][m] = dot_pairs(acc[r][m], codes, load16(xq + m * K + k));
+        for (int m = 0; m < M; ++m) acc[r][m] = dot_pairs(acc[r][m], codes, load16(xk + m * 16));
       }
     }
     for (int r = 0; r < R; ++r)
@@ -206,11 +208,8 @@ inline void int4_block(const int16_t* xq, const float* dx, const float* xsum, in
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
     for (int64_t j = 0; j < half; j += 16) {
-      __m256i lo_x[M], hi_x[M];
-      for (int m = 0; m < M; ++m) {
-        lo_x[m] = load16(xq + m * K + g * group + j);
-        hi_x[m] = load16(xq + m * K + g * group + half + j);
-      }
+      const int16_t* lo_x = xq + (g * group + j) * M;  // x for the low nibbles
+      const int16_t* hi_x = lo_x + half * M;            // and for the high ones
       const bool line_start = (g * half + j) % 64 == 0;
       for (int r = 0; r < R; ++r) {
         // W's rows are a few hundred bytes, too short for the hardware prefetcher to get ahead
@@ -220,8 +219,8 @@ inline void int4_block(const int16_t* xq, const float* dx, const float* xsum, in
         __m256i codes = _mm256_cvtepu8_epi16(load_bytes(w + (n + r) * (K / 2) + g * half + j));
         __m256i lo = _mm256_and_si256(codes, low_nibble), hi = _mm256_srli_epi16(codes, 4);
         for (int m = 0; m < M; ++m) {
-          acc[r][m] = dot_pairs(acc[r][m], lo, lo_x[m]);
-          acc[r][m] = dot_pairs(acc[r][m], hi, hi_x[m]);
+          acc[r][m] = dot_pairs(acc[r][m], lo, load16(lo_x + m * 16));
+          acc[r][m] = dot_pairs(acc[r][m], hi, load16(hi_x + m * 16));
         }
       }
     }

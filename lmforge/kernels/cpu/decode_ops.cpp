@@ -85,20 +85,23 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, const std::string&
 }
 
 // x rounded to int16 with one scale per row (and, with group > 0, its sums per group), which the
-// integer kernels multiply the codes by.
+// integer kernels multiply the codes by, in the kernels' layout for each pass of MAX_ROWS rows.
 struct QuantizedRows {
   at::Tensor xq, dx, xsum;
 };
 
 QuantizedRows quantize(const at::Tensor& x, int64_t group, bool avx512) {
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0), K = x.size(1), groups = group > 0 ? K / group : 0;
   QuantizedRows q{at::empty({M, K}, x.options().dtype(at::kShort)), at::empty({M}, x.options()),
-                  at::empty({M, group > 0 ? K / group : 0}, x.options())};
+                  at::empty({M, groups}, x.options())};
 #if defined(__x86_64__) || defined(_M_X64)
   using namespace lmforge_decode;
-  (avx512 ? quantize_avx512 : quantize_avx2)(x.data_ptr<float>(), M, K, group,
-                                             q.xq.data_ptr<int16_t>(), q.dx.data_ptr<float>(),
-                                             q.xsum.data_ptr<float>());
+  for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {  // each pass's rows laid out together
+    const int64_t m = std::min(MAX_ROWS, M - m0);
+    (avx512 ? quantize_avx512 : quantize_avx2)(
+        x.data_ptr<float>() + m0 * K, m, K, group, q.xq.data_ptr<int16_t>() + m0 * K,
+        q.dx.data_ptr<float>() + m0, q.xsum.data_ptr<float>() + m0 * groups);
+  }
 #endif
   return q;
 }
