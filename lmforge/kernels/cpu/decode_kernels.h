@@ -95,7 +95,7 @@ inline void dense(const float* x, int64_t M, int64_t K, const T* w, float* y, in
 constexpr float XQ_MAX = 32767.0f;
 constexpr int INT8_ACC = 8, INT4_ACC = 4;  // accumulators per block (16 ymm registers in all)
 // Inputs summed in 32-bit lanes before they move to fp32: a lane gains two products of at most
-// 128 * 32767 per 16 inputs, so 2048 inputs stay below 2^31 by a factor of four.
+// 128 * 32767 per 16 inputs, so 2048 inputs (256 products, 2^30) stay below 2^31.
 constexpr int64_t INT_CHUNK = 2048;
 
 // acc + the pairwise products of the 16-bit lanes of a and b, summed into 32-bit lanes.
