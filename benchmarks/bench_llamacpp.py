@@ -105,8 +105,8 @@ def bytes_per_token(config: ModelConfig, label: str) -> float:
     if label in ("fp32", "bf16"):
         return weight_bytes_read(shape, 1, 4.0 if label == "fp32" else 2.0)
     if label == "int8":
-        return quantized_bytes_read(shape, "int8", head_bytes=1 + 4 / shape.d_model)
-    return quantized_bytes_read(shape, "int4", 128, head_bytes=0.5 + 8 / 128)
+        return quantized_bytes_read(shape, "int8", quantized_head=True)
+    return quantized_bytes_read(shape, "int4", 128, quantized_head=True)
 
 
 def side_by_side(models: dict, files: dict, prompt: list[int], threads: int, args) -> dict:

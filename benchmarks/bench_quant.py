@@ -131,11 +131,9 @@ def planned_ratio(config: ModelConfig, label: str) -> float:
     fp32 = weight_bytes_read(shape, 1, 4.0)
     head = label.endswith(HEAD)
     if label.startswith("int8"):
-        return fp32 / quantized_bytes_read(
-            shape, "int8", head_bytes=1 + 4 / shape.d_model if head else 4.0
-        )
+        return fp32 / quantized_bytes_read(shape, "int8", quantized_head=head)
     if label.startswith("int4"):
-        return fp32 / quantized_bytes_read(shape, "int4", 128, head_bytes=0.5625 if head else 4.0)
+        return fp32 / quantized_bytes_read(shape, "int4", 128, quantized_head=head)
     return 1.0 if label == "fp32" else fp32 / weight_bytes_read(shape, 1, 1.0)
 
 

@@ -20,12 +20,13 @@ WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, 
 
 
 def quantized_bytes_read(
-    shape: ModelShape, scheme: str, group_size: int = 128, head_bytes: float = 4.0
+    shape: ModelShape, scheme: str, group_size: int = 128, quantized_head: bool = False
 ) -> float:
     """Weights one batch-1 decode step streams from lmforge's quantized layout (lmforge
     quantize): int8 codes with one fp32 scale per output row, or int4 codes two to a byte with
-    an fp32 scale and zero per group of `group_size`; routers and the head (unless quantized:
-    pass its bytes per weight) at `head_bytes`. Dense blocks only: every matrix is read."""
+    an fp32 scale and zero per group of `group_size`; routers in fp32, and the head in fp32 or,
+    with `quantized_head` (--quantize-head), in the same layout. Dense blocks only: every matrix
+    is read."""
 
     def matrix(rows: int, cols: int) -> float:
         if scheme == "int8":
@@ -34,7 +35,8 @@ def quantized_bytes_read(
 
     d, kv, ff = shape.d_model, shape.kv_dim, shape.d_ff
     block = 2 * matrix(d, d) + 2 * matrix(kv, d) + 2 * matrix(ff, d) + matrix(d, ff)
-    return shape.n_layers * block + shape.vocab_size * d * head_bytes
+    head = matrix(shape.vocab_size, d) if quantized_head else shape.vocab_size * d * 4.0
+    return shape.n_layers * block + head
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_bytes: float = 2) -> float:

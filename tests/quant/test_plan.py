@@ -11,7 +11,9 @@ import torch
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.inference import WEIGHT_BYTES, quantized_bytes_read, weight_bytes_read
 from lmforge.plan.shapes import from_model_config
+from lmforge.quant.linear import QuantizedLinear
 from lmforge.quant.quantize import quantize_model
+from lmforge.quant.schemes import quantize
 
 CONFIG = ModelConfig(vocab_size=512, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=384)
 
@@ -41,3 +43,7 @@ def test_planned_bytes_are_the_quantized_modules_bytes(scheme, group_size):
     measured = matmul_bytes(model)
     assert measured < fp32
     assert quantized_bytes_read(shape, scheme, group or 128) == measured
+    head = QuantizedLinear.from_weight(quantize(model.output.weight, scheme, group))
+    head_bytes = sum(t.numel() * t.element_size() for t in head.buffers())
+    with_head = quantized_bytes_read(shape, scheme, group or 128, quantized_head=True)
+    assert with_head == measured - model.output.weight.numel() * 4 + head_bytes
