@@ -41,6 +41,7 @@ ISA_FLAGS = {  # the instruction sets, widest first, and what their file is comp
 }
 MAX_ROWS = 8  # rows of x the kernels hold in registers; more rows pass over the weight again
 K_MULTIPLE = 16  # the inputs of a weight must be a multiple of this (both vector widths)
+TILE_ROWS, UNIT = 8, 16  # a tiled weight's rows per tile and elements per interleaved piece
 
 
 def isa_for(capability: CpuCapability | None = None) -> str | None:
@@ -66,16 +67,45 @@ def fits(in_features: int, rows: int) -> bool:
     return in_features % K_MULTIPLE == 0 and rows <= MAX_ROWS
 
 
+def can_tile(weight: torch.Tensor) -> bool:
+    """Whether `tile` takes this (rows, elements) weight."""
+    return weight.dim() == 2 and weight.shape[0] % TILE_ROWS == 0 and weight.shape[1] % UNIT == 0
+
+
+def tile(weight: torch.Tensor) -> torch.Tensor:
+    """A (rows, elements) weight in the kernels' tiled layout, (rows / 8, elements / 16, 8, 16):
+    eight rows at a time with their 16-element pieces interleaved, so that the kernels read a
+    block of rows as one stream in order, which the hardware prefetcher follows (a row-major
+    block is eight short streams; decode_kernels.h). Every kernel takes either layout."""
+    rows, elements = weight.shape
+    tiles = weight.view(rows // TILE_ROWS, TILE_ROWS, elements // UNIT, UNIT)
+    return tiles.transpose(1, 2).contiguous()
+
+
+def untile(weight: torch.Tensor) -> torch.Tensor:
+    """A weight as `tile` gave it, row-major again (anything else is returned as it is)."""
+    if weight.dim() != 4:
+        return weight
+    tiles, pieces = weight.shape[:2]
+    return weight.transpose(1, 2).reshape(tiles * TILE_ROWS, pieces * UNIT)
+
+
+def out_features(weight: torch.Tensor) -> int:
+    """The rows of a row-major or tiled weight."""
+    return weight.shape[0] * (TILE_ROWS if weight.dim() == 4 else 1)
+
+
 def dense_mm(x: torch.Tensor, weight: torch.Tensor, isa: str) -> torch.Tensor:
-    """x Wᵀ for an fp32 or bf16 W (out, in); x in any float dtype, computed in fp32."""
-    return _rows(x, lambda x2: torch.ops.lmforge_cpu.dense_mm(x2, weight, isa), weight.shape[0])
+    """x Wᵀ for an fp32 or bf16 W (out, in), row-major or tiled; x in any float dtype, computed
+    in fp32."""
+    op = torch.ops.lmforge_cpu.dense_mm
+    return _rows(x, lambda x2: op(x2, weight, isa), out_features(weight))
 
 
 def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, isa: str) -> torch.Tensor:
-    """x Wᵀ for W = qweight (int8, out x in) * scales (fp32, per row)."""
-    return _rows(
-        x, lambda x2: torch.ops.lmforge_cpu.int8_mm(x2, qweight, scales, isa), qweight.shape[0]
-    )
+    """x Wᵀ for W = qweight (int8, out x in, row-major or tiled) * scales (fp32, per row)."""
+    op = torch.ops.lmforge_cpu.int8_mm
+    return _rows(x, lambda x2: op(x2, qweight, scales, isa), out_features(qweight))
 
 
 def int4_mm(
@@ -86,9 +116,12 @@ def int4_mm(
     group_size: int,
     isa: str,
 ) -> torch.Tensor:
-    """x Wᵀ for W in lmforge's packed int4 (quant/schemes.py): (codes - zeros) * scales."""
+    """x Wᵀ for W in lmforge's packed int4 (quant/schemes.py), row-major or tiled:
+    (codes - zeros) * scales."""
     op = torch.ops.lmforge_cpu.int4_mm
-    return _rows(x, lambda x2: op(x2, qweight, scales, zeros, group_size, isa), qweight.shape[0])
+    return _rows(
+        x, lambda x2: op(x2, qweight, scales, zeros, group_size, isa), out_features(qweight)
+    )
 
 
 def integer_activations(x: torch.Tensor) -> torch.Tensor:
@@ -180,7 +213,7 @@ def _register_fakes() -> None:
     """Shapes for torch.compile, which calls the operators as opaque kernels."""
 
     def product(x: torch.Tensor, weight: torch.Tensor, *_) -> torch.Tensor:
-        return x.new_empty(x.shape[0], weight.shape[0])
+        return x.new_empty(x.shape[0], out_features(weight))
 
     for name in ("dense_mm", "int8_mm", "int4_mm"):
         torch.library.register_fake(f"lmforge_cpu::{name}", product)

@@ -12,6 +12,10 @@ matrix kernel instead: with bf16 activations int8 uses torch's `_weight_int8pack
 faster than an fp32 matmul at 8 rows here, but 20x slower with fp32 activations); otherwise the
 weight is dequantized for the float matmul, which compiled costs about what the fp32 matmul
 does. `kernel_for` is the one place that choice is made.
+
+An engine that decodes one row at a time may `tile` the codes into the decode kernels' tiled
+layout (cpu_decode.tile), which they stream faster; every other path reads them through
+`codes()`, row-major as saved.
 """
 
 from __future__ import annotations
@@ -78,15 +82,25 @@ class QuantizedLinear(nn.Module):
     def quantized_weight(self) -> QuantizedWeight:
         zeros = self.zeros if self.scheme == "int4" else None
         shape = (self.out_features, self.in_features)
-        return QuantizedWeight(
-            self.scheme, self.qweight, self.scales, zeros, self.group_size, shape
-        )
+        codes, group = self.codes(), self.group_size
+        return QuantizedWeight(self.scheme, codes, self.scales, zeros, group, shape)
+
+    def codes(self) -> torch.Tensor:
+        """The codes row-major (out, in) for int8, (out, in / 2) packed int4, tiled or not."""
+        return cpu_decode.untile(self.qweight)
+
+    def tile(self) -> None:
+        """Lay the codes out in the decode kernels' tiled layout, in place; for an inference
+        model (its state dict then holds the tiled codes)."""
+        if not cpu_decode.can_tile(self.qweight):
+            raise ValueError(f"codes of shape {tuple(self.qweight.shape)} do not tile")
+        self.qweight = cpu_decode.tile(self.qweight)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """W in `dtype`, written as elementwise ops on the codes so that Inductor can fuse them
         into the loop that consumes W."""
         if self.scheme == "int8":
-            return self.qweight.to(dtype) * self.scales[:, None].to(dtype)
+            return self.codes().to(dtype) * self.scales[:, None].to(dtype)
         low, high = self._half_groups(dtype)
         return torch.stack((low, high), dim=2).view(self.out_features, self.in_features)
 
@@ -94,7 +108,7 @@ class QuantizedLinear(nn.Module):
         """W's groups dequantized as two (out, groups, group/2) halves: low and high nibbles."""
         groups = self.scales.shape[1]
         scales, zeros = self.scales[..., None].to(dtype), self.zeros[..., None].to(dtype)
-        codes = self.qweight.view(self.out_features, groups, -1)
+        codes = self.codes().view(self.out_features, groups, -1)
         return ((codes & 0xF).to(dtype) - zeros) * scales, ((codes >> 4).to(dtype) - zeros) * scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,10 +127,10 @@ class QuantizedLinear(nn.Module):
                 (-1, -2)
             )
         if kernel == "streamed":  # the row's scale applied once, after the sum
-            return (x.unsqueeze(-2) * self.qweight.to(x.dtype)).sum(-1) * self.scales.to(x.dtype)
+            return (x.unsqueeze(-2) * self.codes().to(x.dtype)).sum(-1) * self.scales.to(x.dtype)
         if kernel == "int8pack":
             rows = x.reshape(-1, self.in_features)
-            y = torch._weight_int8pack_mm(rows, self.qweight, self.scales.to(x.dtype))
+            y = torch._weight_int8pack_mm(rows, self.codes(), self.scales.to(x.dtype))
             return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.dequantized(x.dtype))
 

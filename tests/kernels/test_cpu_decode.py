@@ -14,6 +14,7 @@ from lmforge.infer.weight_layouts import KernelLinear, decode_layout, lay_out_fo
 from lmforge.kernels import cpu_decode
 from lmforge.model import ModelConfig, Transformer
 from lmforge.quant.linear import QuantizedLinear, kernel_for
+from lmforge.quant.quantize import quantize_model
 from lmforge.quant.schemes import quantize
 
 HOST_ISA = cpu_capability().decode_isa
@@ -50,6 +51,35 @@ def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> No
         q4 = quantize(w, "int4", group)
         got = cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, group, isa)
         close(got, F.linear(cpu_decode.integer_activations(x), q4.dequantize()))
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+def test_every_kernel_reads_a_tiled_weight_as_its_row_major_one(isa: str, rows: int) -> None:
+    """Tiled (8 rows' 16-element pieces interleaved) or not, the same sums in the same order."""
+    x = torch.randn(rows, IN)
+    w = torch.randn(64, IN)  # 8 tiles: blocks of 8, 4, 2 and 1 rows each stay within one
+    assert torch.equal(cpu_decode.untile(cpu_decode.tile(w)), w)
+    assert cpu_decode.tile(w).shape == (8, IN // 16, 8, 16)
+    assert cpu_decode.out_features(cpu_decode.tile(w)) == 64
+    for dense in (w, w.bfloat16()):
+        want = cpu_decode.dense_mm(x, dense, isa)
+        assert torch.equal(cpu_decode.dense_mm(x, cpu_decode.tile(dense), isa), want)
+    q8 = quantize(w, "int8")
+    want = cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa)
+    assert torch.equal(cpu_decode.int8_mm(x, cpu_decode.tile(q8.qweight), q8.scales, isa), want)
+    q4 = quantize(w, "int4", 64)
+    want = cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, 64, isa)
+    tiled = cpu_decode.tile(q4.qweight)
+    assert torch.equal(cpu_decode.int4_mm(x, tiled, q4.scales, q4.zeros, 64, isa), want)
+
+
+def test_only_whole_tiles_tile_and_a_malformed_tiling_is_refused() -> None:
+    assert cpu_decode.can_tile(torch.empty(64, 32))
+    assert not cpu_decode.can_tile(torch.empty(OUT, IN))  # 67 rows: not whole tiles of 8
+    assert not cpu_decode.can_tile(torch.empty(64, 24))
+    with pytest.raises(RuntimeError, match="tiled"):
+        cpu_decode.dense_mm(torch.randn(1, 32), torch.randn(4, 2, 4, 16), RUNNABLE[0])
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
@@ -131,6 +161,30 @@ def test_a_model_laid_out_for_the_kernels_keeps_its_logits_and_state(isa: str) -
         torch.testing.assert_close(model(ids[:, :1]), want[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(model(ids), want[1], atol=1e-5, rtol=1e-5)  # F.linear rows
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_int8_codes_are_tiled_for_one_row_only_and_every_path_still_reads_them() -> None:
+    """At one row the int8 kernel's block is a whole tile; the prefill's dequantized product
+    and the saved weight read the codes row-major as before."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4)
+    ids = torch.randint(0, 64, (1, 9))
+    for scheme, group in (("int8", None), ("int4", 32)):
+        model = Transformer(config).eval()
+        quantize_model(model, scheme, group, quantize_head=True)
+        quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        saved = [m.quantized_weight().qweight.clone() for m in quantized]
+        with torch.inference_mode():
+            want = model(ids[:, :1]), model(ids)
+            assert lay_out_for_decode(model, 2) == "row-major"  # two rows: codes as they were
+            layout = lay_out_for_decode(model, 1)
+            assert (layout == "int8 tiled") == (scheme == "int8")
+            assert all(m.qweight.dim() == (4 if scheme == "int8" else 2) for m in quantized)
+            assert torch.equal(model(ids[:, :1]), want[0])
+            torch.testing.assert_close(model(ids), want[1], atol=1e-5, rtol=1e-5)
+        for module, codes in zip(quantized, saved, strict=True):
+            assert torch.equal(module.quantized_weight().qweight, codes)
+            assert torch.equal(module.codes(), codes)
 
 
 def test_compiled_decode_calls_the_kernel_and_agrees() -> None:

@@ -1,7 +1,9 @@
 // torch operators over the decode kernels (decode_kernels.h): lmforge_cpu::dense_mm, int8_mm
 // and int4_mm, each taking the instruction set to run ("avx512" or "avx2") as an argument, so the
 // choice stays in Python (lmforge/kernels/cpu_decode.py) and either can be forced in a test.
-// Rows of W are split across torch's intra-op threads; x is processed 8 rows at a time.
+// Rows of W are split across torch's intra-op threads; x is processed 8 rows at a time. A weight
+// is row-major (N, K) or tiled (N / 8, K / 16, 8, 16): decode_kernels.h's Layout, which
+// lmforge/kernels/cpu_decode.py's `tile` writes.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -26,6 +28,7 @@ constexpr int64_t MAX_ROWS = 8;    // rows of x per pass over W (the kernels' re
 // saves (a 2048 x 768 int4 matrix, 0.8 MB, decodes faster on one thread than on two).
 constexpr int64_t MIN_BYTES_PER_THREAD = 1 << 20;
 constexpr int64_t K_MULTIPLE = 16; // both vector widths divide it
+constexpr int64_t TILE_ROWS = 8, UNIT = 16;  // a tiled weight's (decode_kernels.h)
 
 bool wide(const std::string& isa) {
   TORCH_CHECK(isa == "avx512" || isa == "avx2", "lmforge_cpu: unknown instruction set ", isa);
@@ -35,50 +38,64 @@ bool wide(const std::string& isa) {
   return isa == "avx512";
 }
 
-void check_operands(const at::Tensor& x, const at::Tensor& w, int64_t k_per_row) {
+bool tiled(const at::Tensor& w) { return w.dim() == 4; }
+
+// W's rows and the elements of each, in either layout.
+int64_t rows(const at::Tensor& w) { return tiled(w) ? w.size(0) * TILE_ROWS : w.size(0); }
+int64_t row_elements(const at::Tensor& w) { return tiled(w) ? w.size(1) * UNIT : w.size(1); }
+
+// inputs_per_element: 2 for packed int4, else 1.
+void check_operands(const at::Tensor& x, const at::Tensor& w, int64_t inputs_per_element) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "lmforge_cpu: x must be a contiguous 2-D float32 tensor");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "lmforge_cpu: the weight must be contiguous 2-D");
-  TORCH_CHECK(x.size(1) == k_per_row, "lmforge_cpu: x has ", x.size(1), " inputs, the weight ",
-              k_per_row);
+  TORCH_CHECK(w.is_contiguous() && (w.dim() == 2 || (w.dim() == 4 && w.size(2) == TILE_ROWS &&
+                                                     w.size(3) == UNIT)),
+              "lmforge_cpu: the weight must be contiguous, 2-D or tiled (rows / 8, elements / "
+              "16, 8, 16)");
+  const int64_t inputs = row_elements(w) * inputs_per_element;
+  TORCH_CHECK(x.size(1) == inputs, "lmforge_cpu: x has ", x.size(1), " inputs, the weight ",
+              inputs);
   TORCH_CHECK(x.size(1) % K_MULTIPLE == 0, "lmforge_cpu: inputs must be a multiple of ",
               K_MULTIPLE);
 }
 
-// Runs kernel(rows of x, m, n0, n1) over chunks of at most MAX_ROWS rows and W's row ranges,
-// for a W of N rows of row_bytes bytes each.
+// Runs kernel(rows of x, m, n0, n1) over chunks of at most MAX_ROWS rows and W's row ranges
+// (whole tiles of a tiled W), for a W of N rows of row_bytes bytes each.
 template <class Kernel>
-at::Tensor run(const at::Tensor& x, int64_t N, int64_t row_bytes, Kernel kernel) {
-  const int64_t grain = std::max<int64_t>(1, MIN_BYTES_PER_THREAD / row_bytes);
+at::Tensor run(const at::Tensor& x, int64_t N, int64_t row_bytes, bool tiled, Kernel kernel) {
+  const int64_t step = tiled ? TILE_ROWS : 1;
+  const int64_t grain = std::max<int64_t>(1, MIN_BYTES_PER_THREAD / (row_bytes * step));
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   const int64_t M = x.size(0), K = x.size(1);
   for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
     const int64_t m = std::min(MAX_ROWS, M - m0);
     const float* xs = x.data_ptr<float>() + m0 * K;
     float* ys = y.data_ptr<float>() + m0 * N;
-    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { kernel(xs, ys, m0, m, n0, n1); });
+    at::parallel_for(0, N / step, grain, [&](int64_t t0, int64_t t1) {
+      kernel(xs, ys, m0, m, t0 * step, t1 * step);
+    });
   }
   return y;
 }
 
 at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& w, const std::string& isa) {
-  check_operands(x, w, w.size(1));
+  check_operands(x, w, 1);
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
               "lmforge_cpu::dense_mm: the weight must be float32 or bfloat16");
-  const bool avx512 = wide(isa);
-  const int64_t K = x.size(1), N = w.size(0);
+  const bool avx512 = wide(isa), t = tiled(w);
+  const int64_t K = x.size(1), N = rows(w);
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   const void* wp = w.data_ptr();
-  return run(x, N, K * w.element_size(), [&](const float* xs, float* ys, int64_t, int64_t m,
-                                              int64_t n0, int64_t n1) {
+  return run(x, N, K * w.element_size(), t, [&](const float* xs, float* ys, int64_t, int64_t m,
+                                                 int64_t n0, int64_t n1) {
 #if defined(__x86_64__) || defined(_M_X64)
     using namespace lmforge_decode;
     if (bf16) {
       auto* wb = static_cast<const uint16_t*>(wp);
-      (avx512 ? dense_bf16_avx512 : dense_bf16_avx2)(xs, m, K, wb, ys, n0, n1, N);
+      (avx512 ? dense_bf16_avx512 : dense_bf16_avx2)(xs, m, K, wb, t, ys, n0, n1, N);
     } else {
       auto* wf = static_cast<const float*>(wp);
-      (avx512 ? dense_f32_avx512 : dense_f32_avx2)(xs, m, K, wf, ys, n0, n1, N);
+      (avx512 ? dense_f32_avx512 : dense_f32_avx2)(xs, m, K, wf, t, ys, n0, n1, N);
     }
 #endif
   });
@@ -108,23 +125,23 @@ QuantizedRows quantize(const at::Tensor& x, int64_t group, bool avx512) {
 
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
                    const std::string& isa) {
-  check_operands(x, w, w.size(1));
+  check_operands(x, w, 1);
   TORCH_CHECK(w.scalar_type() == at::kChar, "lmforge_cpu::int8_mm: the weight must be int8");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
-                  scales.numel() == w.size(0),
+  const bool avx512 = wide(isa), t = tiled(w);
+  const int64_t K = x.size(1), N = rows(w);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == N,
               "lmforge_cpu::int8_mm: scales must be float32, one per row of the weight");
-  const bool avx512 = wide(isa);
-  const int64_t K = x.size(1), N = w.size(0);
   const QuantizedRows q = quantize(x, 0, avx512);
   const int16_t* xq = q.xq.data_ptr<int16_t>();
   const float* dx = q.dx.data_ptr<float>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  return run(x, N, K, [&](const float*, float* ys, int64_t m0, int64_t m, int64_t n0,
-                          int64_t n1) {
+  return run(x, N, K, t, [&](const float*, float* ys, int64_t m0, int64_t m, int64_t n0,
+                             int64_t n1) {
 #if defined(__x86_64__) || defined(_M_X64)
     using namespace lmforge_decode;
-    (avx512 ? int8_avx512 : int8_avx2)(xq + m0 * K, dx + m0, m, K, wp, sp, ys, n0, n1, N);
+    (avx512 ? int8_avx512 : int8_avx2)(xq + m0 * K, dx + m0, m, K, wp, t, sp, ys, n0, n1,
+                                       N);
 #endif
   });
 }
@@ -132,10 +149,11 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
                    const at::Tensor& zeros, int64_t group_size, const std::string& isa) {
   TORCH_CHECK(w.scalar_type() == at::kByte, "lmforge_cpu::int4_mm: the weight must be uint8");
-  check_operands(x, w, 2 * w.size(1));
+  check_operands(x, w, 2);
   TORCH_CHECK(group_size % (2 * K_MULTIPLE) == 0 && x.size(1) % group_size == 0,
               "lmforge_cpu::int4_mm: the group size must be a multiple of 32 dividing the inputs");
-  const int64_t K = x.size(1), N = w.size(0), groups = K / group_size;
+  const bool t = tiled(w);
+  const int64_t K = x.size(1), N = rows(w), groups = K / group_size;
   for (const at::Tensor* t : {&scales, &zeros}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() &&
                     t->numel() == N * groups,
@@ -147,12 +165,12 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
   const float *dx = q.dx.data_ptr<float>(), *xsum = q.xsum.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float *sp = scales.data_ptr<float>(), *zp = zeros.data_ptr<float>();
-  return run(x, N, K / 2, [&](const float*, float* ys, int64_t m0, int64_t m, int64_t n0,
-                              int64_t n1) {
+  return run(x, N, K / 2, t, [&](const float*, float* ys, int64_t m0, int64_t m, int64_t n0,
+                                 int64_t n1) {
 #if defined(__x86_64__) || defined(_M_X64)
     using namespace lmforge_decode;
     (avx512 ? int4_avx512 : int4_avx2)(xq + m0 * K, dx + m0, xsum + m0 * groups, m, K,
-                                       group_size, wp, sp, zp, ys, n0, n1, N);
+                                       group_size, wp, t, sp, zp, ys, n0, n1, N);
 #endif
   });
 }
