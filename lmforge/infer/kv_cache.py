@@ -6,8 +6,9 @@ block is whose). Before each forward the runner `bind`s the rows it runs: their 
 padded to one width, and the position of each row's first new token; the rows' blocks are then
 gathered into one (H_kv, B, S, D) copy per layer, S = the tables' width in positions. As the
 model's cache protocol (lmforge.model.cache.Cache) asks, every layer writes its new keys and
-values into that copy and attends over it; after the forward, `commit` writes the new positions
-into the pool through the tables. A decode
+values into that copy and attends over it, and hands them to the cache as well; after the
+forward, `commit` writes every layer's new positions into the pool at once, through the
+tables. A decode
 batch that is the same a step later reuses its copy instead of gathering again. Keys past a
 row's own position are masked by attention (the per-row positions), so padding never matters.
 
@@ -16,6 +17,7 @@ The contiguous `KVCache` lives in model/ and is re-exported here for the engine'
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,39 +54,49 @@ class PagedKVCache:
 
     def bind(
         self,
-        tables: torch.Tensor,
-        positions: torch.Tensor | int,
+        tables: list[list[int]],
+        positions: list[int] | int,
         n_new: int,
         reuse: bool = False,
         kv_len: int | None = None,
     ) -> None:
-        """Run the next forward over rows whose block tables are `tables` (B, W), each writing
-        n_new tokens from its own position on (`positions` (B,), or one int for one row).
+        """Run the next forward over rows whose block tables are `tables` (all of one width),
+        each writing n_new tokens from its own position on (`positions`, one per row, or one int
+        for one row).
 
         The rows' keys and values are gathered from the pool once, here, into a copy that the
         forward reads; its new tokens are written to both. `reuse`: the rows are the last
         per-row-positions bind's, in the same order, with the same blocks but for ones added
         since (a decode batch a step later): that copy is still current and is read again, not
         gathered, so a steady decode batch gathers its cache once, not every step. `kv_len`:
-        attend over that many positions only (the longest row's), not the tables' whole width."""
-        rows = tables.shape[0]
-        start = torch.as_tensor(positions, device=self.device).reshape(-1, 1)
-        steps = start + torch.arange(n_new, device=self.device)  # (B, T)
-        blocks = tables.gather(1, steps // self.block_size)
-        self._pool_index = (blocks * self.block_size + steps % self.block_size).flatten()
+        attend over that many positions only (the longest row's), not the tables' whole width.
+        The indices are worked out in Python: a decode step's few are made faster so than by
+        a dozen small tensor operations."""
+        rows, size = len(tables), self.block_size
+        starts = [positions] if isinstance(positions, int) else positions
+        steps = [range(start, start + n_new) for start in starts]
+        self._pool_index = self._index(
+            table[q // size] * size + q % size
+            for table, row in zip(tables, steps, strict=True)
+            for q in row
+        )
         self._rows, self._n_new = rows, n_new
-        self.pos = positions
-        self._kv_len = positions + n_new if isinstance(positions, int) else kv_len
+        per_row = not isinstance(positions, int)
+        self.pos = torch.tensor(positions, device=self.device) if per_row else positions
+        self._kv_len = kv_len if per_row else positions + n_new
         if reuse:
             self._copy = self._decode_copy
         else:
-            read = tables.flatten()
+            read = self._index(block for table in tables for block in table)
             self._copy = [self._gather(pool, read, rows) for pool in self.pools]
-            if not isinstance(positions, int):  # a batch of rows, each at its own position
+            if per_row:  # a batch of rows, each at its own position
                 self._decode_copy = self._copy
         width = self._copy[0][0].shape[2]
-        row_starts = torch.arange(rows, device=self.device)[:, None] * width
-        self._copy_index = (row_starts + steps).flatten()
+        self._copy_index = self._index(b * width + q for b, row in enumerate(steps) for q in row)
+        self._new: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # by layer
+
+    def _index(self, values: Iterable[int]) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.long, device=self.device)
 
     def _gather(self, pool: torch.Tensor, read: torch.Tensor, rows: int) -> list[torch.Tensor]:
         """Each layer's (H_kv, B, W * block_size, D): the blocks of each row, in order.
@@ -111,24 +123,25 @@ class PagedKVCache:
         """Write k, v (B, H_kv, T, D) into the bound rows' copy; return its keys and values
         (B, H_kv, S, D)."""
         out = []
-        for copy, new in zip(self._copy, (k, v), strict=True):
+        for copy, new, kept in zip(self._copy, (k, v), self._new, strict=True):
             rows = copy[layer]  # (H_kv, B, S, D)
             h, d = rows.shape[0], rows.shape[3]
             new = new.transpose(0, 1).reshape(h, -1, d)  # (H_kv, B * T, D)
             rows.view(h, -1, d).index_copy_(1, self._copy_index, new)
+            kept.append(new)  # compiled: an output of the step, appended after it
             rows = rows.transpose(0, 1)
             out.append(rows if self._kv_len is None else rows[:, :, : self._kv_len])
         return out[0], out[1]
 
     def commit(self) -> None:
-        """Write the last forward's new keys and values from the bound rows' copy into the pool.
-        After the forward, not inside it: a compiled step that wrote into
-        the pool would copy the whole pool each step (Inductor keeps a mutated input whole)."""
-        for pool, copies in zip(self.pools, self._copy, strict=True):
-            _, h, _, _, d = pool.shape
-            for layer, copy in zip(pool, copies, strict=True):
-                new = copy.view(h, -1, d).index_select(1, self._copy_index)
-                layer.view(h, -1, d).index_copy_(1, self._pool_index, new)
+        """Write the last forward's new keys and values of every layer into the pool, in one
+        copy each. After the forward, not inside it: a compiled step that wrote into the pool
+        would copy the whole pool each step (Inductor keeps a mutated input whole)."""
+        for pool, new in zip(self.pools, self._new, strict=True):
+            layers, h, _, _, d = pool.shape
+            if len(new) != layers:
+                raise LmforgeError(f"{len(new)} of {layers} layers wrote to the cache: bind first")
+            pool.view(layers, h, -1, d).index_copy_(2, self._pool_index, torch.stack(new))
 
     def advance(self, n: int) -> None:
         """Positions belong to the engine, which moves each sequence on its own."""

@@ -53,7 +53,7 @@ class ModelRunner:
         """Compute seq.tokens[start:end] into its blocks; the logits (1, vocab) after the last."""
         ids = torch.tensor([seq.tokens[start:end]], dtype=torch.long, device=self.device)
         n_blocks = -(-end // self.cache.block_size)
-        self.cache.bind(self._tables([seq.blocks[:n_blocks]]), start, end - start)
+        self.cache.bind([seq.blocks[:n_blocks]], start, end - start)
         logits = self.model(ids, self.cache, last_only=True)[:, -1]
         self.cache.commit()
         return logits
@@ -72,8 +72,8 @@ class ModelRunner:
         tables = [s.blocks + [NULL_BLOCK] * (width - len(s.blocks)) for s in seqs]
         positions = [s.computed for s in seqs]
         self.cache.bind(
-            torch.tensor(tables + [[NULL_BLOCK] * width] * pad, device=self.device),
-            torch.tensor(positions + [0] * pad, device=self.device),
+            tables + [[NULL_BLOCK] * width] * pad,
+            positions + [0] * pad,
             1,
             reuse=reuse,
             kv_len=None if self.compiled else max(positions) + 1,  # compiled: symbolic width
@@ -124,17 +124,17 @@ class ModelRunner:
         (len(seqs), k + 1, vocab) after each of them."""
         self._batch = None  # this bind gathers a batch of its own
         tokens = [[s.tokens[-1], *d] for s, d in zip(seqs, drafts, strict=True)]
-        positions = torch.tensor([s.computed for s in seqs], device=self.device)
+        positions = [s.computed for s in seqs]
         self.cache.bind(self._tables([s.blocks for s in seqs]), positions, len(tokens[0]))
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         logits = self.model(ids, self.cache)
         self.cache.commit()
         return logits
 
-    def _tables(self, tables: list[list[int]]) -> torch.Tensor:
+    @staticmethod
+    def _tables(tables: list[list[int]]) -> list[list[int]]:
         width = max(len(t) for t in tables)
-        padded = [t + [NULL_BLOCK] * (width - len(t)) for t in tables]
-        return torch.tensor(padded, dtype=torch.long, device=self.device)
+        return [t + [NULL_BLOCK] * (width - len(t)) for t in tables]
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids, self.cache)[:, -1]

@@ -114,8 +114,7 @@ class DraftModelProposer:
         tokens = seq.tokens if tokens is None else tokens
         ids = torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device)
         n_blocks = -(-end // self.cache.block_size)
-        table = torch.tensor([seq.blocks[:n_blocks]], dtype=torch.long, device=self.device)
-        self.cache.bind(table, start, end - start)
+        self.cache.bind([seq.blocks[:n_blocks]], start, end - start)
         logits = self.model(ids, self.cache, last_only=True)[0, -1]
         self.cache.commit()
         self._computed[seq] = end

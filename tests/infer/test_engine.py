@@ -68,21 +68,21 @@ def test_chunked_prefill_then_batched_decode_over_scattered_blocks_equals_a_full
         for start, end in ((0, n // 2), (n // 2, n)):  # a prompt in two chunks
             if start == end:
                 continue
-            cache.bind(torch.tensor([table]), start, end - start)
+            cache.bind([table], start, end - start)
             logits = model(torch.tensor([seq[start:end]]), cache, last_only=True)[:, -1]
             cache.commit()
         torch.testing.assert_close(
             logits, model(torch.tensor([seq[:n]]))[:, -1], atol=1e-5, rtol=1e-5
         )
-    positions = torch.tensor(lengths)
+    positions = list(lengths)
     for _ in range(2):  # every row one token further, each at its own position
-        cache.bind(torch.tensor(tables), positions, 1)
-        tokens = torch.tensor([[seq[int(p)]] for seq, p in zip(seqs, positions, strict=True)])
+        cache.bind(tables, positions, 1)
+        tokens = torch.tensor([[seq[p]] for seq, p in zip(seqs, positions, strict=True)])
         logits = model(tokens, cache)[:, -1]
         cache.commit()
-        positions += 1
+        positions = [p + 1 for p in positions]
         for row, seq in enumerate(seqs):
-            full = model(torch.tensor([seq[: int(positions[row])]]))[:, -1]
+            full = model(torch.tensor([seq[: positions[row]]]))[:, -1]
             torch.testing.assert_close(logits[row : row + 1], full, atol=1e-5, rtol=1e-5)
 
 
