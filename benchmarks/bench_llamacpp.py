@@ -13,15 +13,18 @@ int4-g128 vs q4_0 (4.5 bits per weight each).
 
 Both sides run with one thread, then with --threads (default torch's: every core), decode
 greedily with end of text ignored, from a 16-token prompt, and are timed by the wall clock from
-the first generated token to the last; repetitions alternate between the sides and each
-side's best is reported (the machine's noise only ever slows a run). The weights read per token
+the first generated token to the last; repetitions alternate between the sides, with a pause
+between them (both keep their idle threads spinning for a while, which would slow the other),
+and each side's best is reported (the machine's noise only ever slows a run). The warm-up
+decodes long enough for the engine to compile its step and choose its thread count (it times
+its first steps at each count, lmforge.infer.runner). The weights read per token
 are the planner's (plan.inference), so each rate is also given as GB/s.
 
 llama.cpp is not a dependency: install it with `pip install llama-cpp-python` (it compiles
 llama.cpp, several minutes). Without it this script says so and exits without writing.
 Writes benchmarks/results/llamacpp.json.
 
-    python benchmarks/bench_llamacpp.py [--reps 3] [--tokens 128] [--threads N]
+    python benchmarks/bench_llamacpp.py [--reps 5] [--tokens 128] [--threads N]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from bench_infer import NoSpecials
 from lmforge.atomic import write_json
 from lmforge.device.capability import cpu_capability
 from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.infer.runner import TRIAL_STEPS
 from lmforge.kernels import cpu_decode
 from lmforge.model import ModelConfig, Transformer
 from lmforge.plan.inference import quantized_bytes_read, weight_bytes_read
@@ -55,6 +59,8 @@ from lmforge.tokenizer import train_bpe
 
 RESULTS = Path(__file__).parent / "results" / "llamacpp.json"
 PROMPT = 16
+WARM_TOKENS = 4 * TRIAL_STEPS + 8  # compile, then the thread trials of up to 4 counts
+PAUSE_S = 0.5  # between the sides: the other side's spinning threads park
 PAIRS = {  # lmforge label: llama.cpp file type
     "fp32": "f32",
     "bf16": "f16",
@@ -121,13 +127,15 @@ def side_by_side(models: dict, files: dict, prompt: list[int], threads: int, arg
         label: Engine(m, NoSpecials(), max_batch_size=1, compile=True, relayout_weights=True)
         for label, m in models.items()
     }
-    for label, file_type in PAIRS.items():  # warm: compile, first touches of the weights
-        lmforge_rate(engines[label], prompt, 8)
+    for label, file_type in PAIRS.items():  # warm: compile, thread trials, first touches
+        lmforge_rate(engines[label], prompt, WARM_TOKENS)
         llamacpp_rate(llms[file_type], prompt, 8)
     best = {label: [0.0, 0.0] for label in PAIRS}
     for _ in range(args.reps):
         for label, file_type in PAIRS.items():
+            time.sleep(PAUSE_S)
             ours = lmforge_rate(engines[label], prompt, args.tokens)
+            time.sleep(PAUSE_S)
             theirs = llamacpp_rate(llms[file_type], prompt, args.tokens)
             best[label] = [max(best[label][0], ours), max(best[label][1], theirs)]
             print(
@@ -142,6 +150,7 @@ def side_by_side(models: dict, files: dict, prompt: list[int], threads: int, arg
             "llama_cpp_tok_s": round(theirs, 1),
             "ratio": round(ours / theirs, 3),
             "weight_layout": engines[label].weight_layout,
+            "lmforge_decode_threads": engines[label].runner.thread_trials[1].describe(),
         }
         engines[label].close()
     return rows
@@ -149,7 +158,7 @@ def side_by_side(models: dict, files: dict, prompt: list[int], threads: int, arg
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument(
         "--threads", type=int, default=torch.get_num_threads(), help="the second run's (after 1)"

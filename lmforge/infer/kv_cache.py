@@ -8,9 +8,9 @@ gathered into one (H_kv, B, S, D) copy per layer, S = the tables' width in posit
 model's cache protocol (lmforge.model.cache.Cache) asks, every layer writes its new keys and
 values into that copy and attends over it, and hands them to the cache as well; after the
 forward, `commit` writes every layer's new positions into the pool at once, through the
-tables. A decode
-batch that is the same a step later reuses its copy instead of gathering again. Keys past a
-row's own position are masked by attention (the per-row positions), so padding never matters.
+tables. A decode batch that is the same a step later reuses its copy instead of gathering
+again. Keys past a row's own position are masked by attention (the per-row positions), so
+padding never matters.
 
 The contiguous `KVCache` lives in model/ and is re-exported here for the engine's callers.
 """
@@ -70,7 +70,7 @@ class PagedKVCache:
         since (a decode batch a step later): that copy is still current and is read again, not
         gathered, so a steady decode batch gathers its cache once, not every step. `kv_len`:
         attend over that many positions only (the longest row's), not the tables' whole width.
-        The indices are worked out in Python: a decode step's few are made faster so than by
+        The indices are worked out in Python: for a decode step's few rows that is faster than
         a dozen small tensor operations."""
         rows, size = len(tables), self.block_size
         starts = [positions] if isinstance(positions, int) else positions
