@@ -226,16 +226,16 @@ def lay_out_for_decode(
 def _tile_int8(model: nn.Module, batch_size: int, capability: CpuCapability | None) -> bool:
     """Tile the codes of `model`'s int8 matrices where the decode kernels read them one row at a
     time; whether any were."""
+    if batch_size != 1 or not cpu_decode.isa_for(capability):
+        return False
     tiled = False
     for module in model.modules():
         if (
             isinstance(module, QuantizedLinear)
             and module.scheme == "int8"
-            and batch_size == 1
             and module.qweight.device.type == "cpu"
             and cpu_decode.fits(module.in_features, batch_size)
             and cpu_decode.can_tile(module.qweight)
-            and cpu_decode.isa_for(capability)
         ):
             module.tile()
             tiled = True
