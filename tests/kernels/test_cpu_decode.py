@@ -187,6 +187,15 @@ def test_int8_codes_are_tiled_for_one_row_only_and_every_path_still_reads_them()
             assert torch.equal(module.codes(), codes)
 
 
+@pytest.mark.parametrize("profile", ["generic", "neon"])
+def test_where_no_kernel_runs_int8_codes_stay_row_major(profile: str) -> None:
+    """The plain path (ARM, Apple Silicon, no compiler) reads codes as saved: nothing tiles."""
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4)).eval()
+    quantize_model(model, "int8", None, quantize_head=True)
+    assert lay_out_for_decode(model, 1, capability=profile_capability(profile)) == "row-major"
+    assert all(m.qweight.dim() == 2 for m in model.modules() if isinstance(m, QuantizedLinear))
+
+
 def test_compiled_decode_calls_the_kernel_and_agrees() -> None:
     torch._dynamo.reset()
     q = quantize(weight(), "int4", 128)
