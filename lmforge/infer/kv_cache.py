@@ -12,6 +12,11 @@ tables. A decode batch that is the same a step later reuses its copy instead of 
 again. Keys past a row's own position are masked by attention (the per-row positions), so
 padding never matters.
 
+A decode step (one new token per row) on a CPU the decode kernels run on skips the copy: each
+layer's attention reads the rows' blocks where they lie, through the tables, and its new keys
+and values beside them (`attend`, lmforge_cpu::paged_attention): one pass over the cache instead
+of a gather, a write and SDPA's masked read.
+
 The contiguous `KVCache` lives in model/ and is re-exported here for the engine's callers.
 """
 
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lmforge.errors import LmforgeError
+from lmforge.kernels import cpu_decode
 from lmforge.model.cache import KVCache
 
 if TYPE_CHECKING:
@@ -47,6 +53,11 @@ class PagedKVCache:
         self.device = weight.device
         self.compiled = compiled  # read by a compiled step: keep its width symbolic
         self.pos: int | torch.Tensor = 0
+        # the decode kernels' instruction set where they can attend over these pools, else None
+        kernel_fits = weight.dtype == torch.float32 and c.head_dim % 8 == 0
+        on_cpu = weight.device.type == "cpu"
+        self.attention_isa = cpu_decode.isa_for() if kernel_fits and on_cpu else None
+        self._paged = False  # this forward attends through the tables (attend)
 
     @property
     def bytes(self) -> int:
@@ -84,6 +95,13 @@ class PagedKVCache:
         per_row = not isinstance(positions, int)
         self.pos = torch.tensor(positions, device=self.device) if per_row else positions
         self._kv_len = kv_len if per_row else positions + n_new
+        self._new: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # by layer
+        self._paged = per_row and n_new == 1 and self.attention_isa is not None
+        if self._paged:  # no copy: attend reads the pools through the tables
+            self._tables = torch.tensor(tables, dtype=torch.long, device=self.device)
+            if self.compiled:
+                torch._dynamo.maybe_mark_dynamic(self._tables, 1)
+            return
         if reuse:
             self._copy = self._decode_copy
         else:
@@ -93,7 +111,6 @@ class PagedKVCache:
                 self._decode_copy = self._copy
         width = self._copy[0][0].shape[2]
         self._copy_index = self._index(b * width + q for b, row in enumerate(steps) for q in row)
-        self._new: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # by layer
 
     def _index(self, values: Iterable[int]) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.long, device=self.device)
@@ -132,6 +149,23 @@ class PagedKVCache:
             rows = rows.transpose(0, 1)
             out.append(rows if self._kv_len is None else rows[:, :, : self._kv_len])
         return out[0], out[1]
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A decode step's attention of q (B, H, 1, D) over the bound rows' blocks and their
+        new k, v (B, H_kv, 1, D), which it keeps for `commit`: (B, H, 1, D). None unless this
+        bind attends through the tables; the caller then `update`s and attends itself."""
+        if not self._paged:
+            return None
+        k_new, v_new = k[:, :, 0].contiguous(), v[:, :, 0].contiguous()
+        for new, kept in zip((k_new, v_new), self._new, strict=True):
+            kept.append(new.transpose(0, 1))  # (H_kv, B, D): commit's layout
+        out = cpu_decode.paged_attention(
+            q[:, :, 0].contiguous(), self.k[layer], self.v[layer], k_new, v_new,
+            self._tables, self.pos, self.attention_isa,
+        )  # fmt: skip
+        return out[:, :, None]
 
     def commit(self) -> None:
         """Write the last forward's new keys and values of every layer into the pool, in one

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lmforge.infer.sampling import apply_penalties, filter_logits
+from lmforge.infer.sampling import apply_penalties, filter_logits, inverse_cdf
 
 
 class Sampled(Protocol):
@@ -32,6 +32,7 @@ class SamplingBatch:
 
     requests: list[Sampled]
     temperature: torch.Tensor  # 1 where greedy, to divide safely
+    unit_temperature: bool  # every row's is 1: nothing to divide
     sampled: list[int]  # rows that sample (temperature > 0); the others take the argmax
     sampled_rows: torch.Tensor  # the same, as an index tensor
     top_k: torch.Tensor | None
@@ -65,6 +66,7 @@ class SamplingBatch:
         return cls(
             requests=requests,
             temperature=column([p.temperature or 1.0 for p in params]),
+            unit_temperature=all(p.temperature in (0, 1) for p in params),
             sampled=sampled,
             sampled_rows=torch.tensor(sampled, dtype=torch.long, device=device),
             top_k=optional([p.top_k for p in params], vocab_size, torch.long),
@@ -84,16 +86,23 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     if batch.penalties is not None:
         seen, counts = _history(batch.requests, logits)
         logits = apply_penalties(logits, seen, counts, *batch.penalties)
-    tokens = logits.argmax(dim=-1)
+    every_row = len(batch.sampled) == len(batch.requests)
+    tokens = torch.empty(0) if every_row else logits.argmax(dim=-1)
     if batch.sampled:
-        scaled = filter_logits(logits / batch.temperature, batch.top_k, batch.top_p, batch.min_p)
-        rows = batch.sampled_rows
+        plain = batch.unit_temperature and (batch.top_k, batch.top_p, batch.min_p) == (None,) * 3
+        if plain and logprobs is not None and batch.penalties is None:
+            weights = logprobs.exp()  # the probabilities already
+        else:
+            scaled = logits if batch.unit_temperature else logits / batch.temperature
+            scaled = filter_logits(scaled, batch.top_k, batch.top_p, batch.min_p)
+            weights = (scaled - scaled.amax(dim=-1, keepdim=True)).exp()
         # Inverse-CDF sampling: one uniform from each request's own generator (drawing a whole
         # row of noise, or multinomial, per request costs ~100x more on a CPU).
         u = torch.cat([batch.requests[i].uniform() for i in batch.sampled])
-        cdf = scaled[rows].softmax(dim=-1).cumsum(dim=-1)
-        picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-        tokens[rows] = picked.clamp(max=cdf.shape[-1] - 1)
+        if every_row:
+            tokens = inverse_cdf(weights, u)
+        else:
+            tokens[batch.sampled_rows] = inverse_cdf(weights[batch.sampled_rows], u)
     if batch.penalties is not None:
         for request, token in zip(batch.requests, tokens, strict=True):
             if request.seen is not None:

@@ -7,8 +7,11 @@ tensor, so the engine applies every request's own settings in one vectorised pas
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from lmforge.errors import LmforgeError
+
+CDF_BLOCK = 64  # tokens per block of inverse_cdf's first level
 
 
 def check_sampling_args(
@@ -84,6 +87,28 @@ def filter_logits(
     if min_p is not None:
         logits = mask_min_p(logits, min_p)
     return logits
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Each row's token (n,) whose share of the row's weights (n, V), unnormalised and >= 0,
+    holds u (n,) in [0, 1): the first token whose cumulative weight exceeds u times the total.
+
+    In two levels: the block of CDF_BLOCK tokens that holds it (the blocks' sums, cumulated),
+    then the token within that block, so only a block of each row is cumulated token by token
+    (a full-row cumsum is a serial pass over the vocabulary: 4 of a 5 ms step's sampling, 512
+    rows of 4096 tokens)."""
+    n, vocab = weights.shape
+    blocks = -(-vocab // CDF_BLOCK)
+    if blocks * CDF_BLOCK != vocab:
+        weights = F.pad(weights, (0, blocks * CDF_BLOCK - vocab))
+    tokens = weights.view(n, blocks, CDF_BLOCK)
+    block_cdf = tokens.sum(-1).cumsum(-1)
+    target = (u * block_cdf[:, -1])[:, None]
+    block = torch.searchsorted(block_cdf, target, right=True).clamp(max=blocks - 1)
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
+    within = tokens.gather(1, block[:, :, None].expand(n, 1, CDF_BLOCK))[:, 0].cumsum(-1)
+    token = torch.searchsorted(within, target - before, right=True).clamp(max=CDF_BLOCK - 1)
+    return (block * CDF_BLOCK + token)[:, 0].clamp(max=vocab - 1)
 
 
 def sample_next_token(

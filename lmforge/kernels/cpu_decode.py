@@ -1,5 +1,6 @@
 """lmforge's CPU decode kernels: weight-only products of a few activation rows with an int8,
-packed int4, bf16 or fp32 weight, at the speed of the bytes they read (kernels/cpu/*.cpp).
+packed int4, bf16 or fp32 weight, at the speed of the bytes they read, and a decode step's
+attention read straight from the paged KV cache (kernels/cpu/*.cpp).
 
 A batch-1 decode step reads every weight once, so its speed is memory bandwidth over bytes per
 weight. torch's generic ops reach about a third of the bandwidth on a matrix-vector product
@@ -124,6 +125,24 @@ def int4_mm(
     )
 
 
+def paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    isa: str,
+) -> torch.Tensor:
+    """A decode step's attention read straight from a paged KV cache (fp32): each row's query
+    q (B, H, D) over its `lengths` (B) cached positions, in the blocks its row of `tables`
+    (B, W) names in one layer's pools (H_kv, blocks, block_size, D), and then over its new key
+    and value (B, H_kv, D), which are not in the pools yet. Gives (B, H, D)."""
+    op = torch.ops.lmforge_cpu.paged_attention
+    return op(q, k_pool, v_pool, k_new, v_new, tables, lengths, isa)
+
+
 def integer_activations(x: torch.Tensor) -> torch.Tensor:
     """x as int8_mm and int4_mm multiply it, in fp32: each row rounded to int16 steps of
     max|row| / 32767 (the reference their results are tested against)."""
@@ -217,6 +236,7 @@ def _register_fakes() -> None:
 
     for name in ("dense_mm", "int8_mm", "int4_mm"):
         torch.library.register_fake(f"lmforge_cpu::{name}", product)
+    torch.library.register_fake("lmforge_cpu::paged_attention", lambda q, *_: torch.empty_like(q))
 
 
 if __name__ == "__main__":  # `python -m lmforge.kernels.cpu_decode`: build now (make does)

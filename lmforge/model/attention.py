@@ -174,8 +174,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         start = 0
-        if kv_cache is not None:
-            start = kv_cache.pos
-            k, v = kv_cache.update(self.layer_idx, k, v)
-        y = self.attend(q, k, v, start, segments, branches)
+        y = None if kv_cache is None else kv_cache.attend(self.layer_idx, q, k, v)
+        if y is None:
+            if kv_cache is not None:
+                start = kv_cache.pos
+                k, v = kv_cache.update(self.layer_idx, k, v)
+            y = self.attend(q, k, v, start, segments, branches)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))

@@ -1,9 +1,11 @@
 """The KV-cache interface the model consumes, and the contiguous cache that implements it.
 
-Each layer's attention writes its rotated keys and values at `pos` through `update`; the
-transformer calls `check_fits` before and `advance` once all layers have written, so every
-layer sees the same `pos`. `Cache` is that protocol; `KVCache` keeps one position for its
-whole batch. Other caches (the engine's slot pool in infer/) implement the same protocol.
+Each layer's attention writes its rotated keys and values at `pos` through `update`, unless
+the cache's `attend` computes the attention over its own storage itself (the engine's paged
+cache, with a kernel that reads its blocks in place); the transformer calls `check_fits` before
+and `advance` once all layers have written, so every layer sees the same `pos`. `Cache` is that
+protocol; `KVCache` keeps one position for its whole batch. Other caches (the engine's paged
+pool in infer/) implement the same protocol.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class Cache(Protocol):
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor | None: ...
 
     def advance(self, n: int) -> None: ...
 
@@ -100,6 +106,12 @@ class KVCache:
         self.k[layer][:, :, self.pos : end] = k
         self.v[layer][:, :, self.pos : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor | None:
+        """None: this cache has no attention of its own (the caller updates and attends)."""
+        return None
 
     def advance(self, n: int) -> None:
         self.pos += n

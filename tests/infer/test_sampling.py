@@ -6,6 +6,7 @@ from lmforge.infer import sample_next_token
 from lmforge.infer.sampling import (
     apply_penalties,
     filter_logits,
+    inverse_cdf,
     mask_min_p,
     mask_top_k,
     mask_top_p,
@@ -104,3 +105,18 @@ def test_frequency_and_presence_penalties_subtract_per_count_and_once():
         logits, seen, counts, one, torch.tensor([[0.5], [0.0]]), torch.tensor([[1.0], [0.25]])
     )
     assert out.tolist() == [[0.0, -1.5, -2.5], [-0.25, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("vocab", [4096, 799, 50])
+def test_inverse_cdf_in_two_levels_picks_what_a_full_cumsum_picks(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    weights = torch.rand(300, vocab, generator=g) ** 4
+    weights[:, ::3] = 0  # filtered tokens: never picked
+    u = torch.rand(300, generator=g)
+    cdf = weights.cumsum(-1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    got = inverse_cdf(weights, u)
+    assert (got != want).sum() <= 1  # a u on a boundary may round either way
+    assert (weights.gather(-1, got[:, None]) > 0).all()
+    edges = inverse_cdf(weights[:2], torch.tensor([0.0, 1 - 2**-24]))
+    assert edges[0] == int((weights[0] > 0).nonzero()[0]) and weights[1, edges[1]] > 0

@@ -2,6 +2,7 @@
 // AVX-512 VNNI's vpdpwssd on 256-bit vectors.
 #include <immintrin.h>
 
+#include "decode_attention.h"
 #include "decode_kernels.h"
 
 namespace lmforge_decode {
@@ -24,6 +25,7 @@ struct Avx512 {
 
 }  // namespace
 
+LMFORGE_ATTENTION_DEFINE(avx512)
 LMFORGE_DECODE_DEFINE(avx512, Avx512)
 
 }  // namespace lmforge_decode

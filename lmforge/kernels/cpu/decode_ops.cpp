@@ -1,5 +1,5 @@
 // torch operators over the decode kernels (decode_kernels.h): lmforge_cpu::dense_mm, int8_mm
-// and int4_mm, each taking the instruction set to run ("avx512" or "avx2") as an argument, so the
+// and int4_mm, and paged_attention (decode_attention.h), each taking the instruction set to run ("avx512" or "avx2") as an argument, so the
 // choice stays in Python (lmforge/kernels/cpu_decode.py) and either can be forced in a test.
 // Rows of W are split across torch's intra-op threads; x is processed 8 rows at a time. A weight
 // is row-major (N, K) or tiled (N / 8, K / 16, 8, 16): decode_kernels.h's Layout, which
@@ -7,10 +7,14 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "decode_entry_points.h"
 
@@ -175,6 +179,74 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
   });
 }
 
+// A decode step's attention over the paged KV cache: q (B, H, D), one query per row; k_pool and
+// v_pool one layer's (H_kv, blocks, block_size, D); k_new, v_new (B, H_kv, D), each row's new
+// key and value, not yet in the pool; tables (B, W) each row's blocks; lengths (B) each row's
+// cached positions (at most W * block_size). Gives (B, H, D). Rows and key heads are split
+// across torch's intra-op threads.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                           const at::Tensor& k_new, const at::Tensor& v_new,
+                           const at::Tensor& tables, const at::Tensor& lengths,
+                           const std::string& isa) {
+  const bool avx512 = wide(isa);
+  TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && k_new.dim() == 3 && tables.dim() == 2,
+              "lmforge_cpu::paged_attention: q (B, H, D), pools (H_kv, blocks, block_size, D), "
+              "new keys (B, H_kv, D), tables (B, W)");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), H_kv = k_pool.size(0);
+  const int64_t n_blocks = k_pool.size(1), block_size = k_pool.size(2), W = tables.size(1);
+  for (const at::Tensor* t : {&q, &k_pool, &v_pool, &k_new, &v_new}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(),
+                "lmforge_cpu::paged_attention: q, the pools and the new keys and values must be "
+                "contiguous float32");
+  }
+  TORCH_CHECK(v_pool.sizes() == k_pool.sizes() && k_pool.size(3) == D &&
+                  k_new.sizes() == at::IntArrayRef({B, H_kv, D}) && v_new.sizes() == k_new.sizes(),
+              "lmforge_cpu::paged_attention: the pools' and new keys' shapes do not match q's");
+  TORCH_CHECK(D % 8 == 0 && H % H_kv == 0 && H / H_kv <= 64,
+              "lmforge_cpu::paged_attention: the head dim must be a multiple of 8 and the key "
+              "heads divide the query heads (at most 64 to one)");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.size(0) == B &&
+                  lengths.scalar_type() == at::kLong && lengths.numel() == B,
+              "lmforge_cpu::paged_attention: tables (B, W) and lengths (B) must be int64");
+  const at::Tensor lengths_c = lengths.contiguous();
+  const int64_t* table = tables.data_ptr<int64_t>();
+  const int64_t* length = lengths_c.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(0 <= length[b] && length[b] <= W * block_size,
+                "lmforge_cpu::paged_attention: row ", b, " has ", length[b],
+                " cached positions, its table holds ", W * block_size);
+    for (int64_t i = 0; i < (length[b] + block_size - 1) / block_size; ++i) {
+      TORCH_CHECK(0 <= table[b * W + i] && table[b * W + i] < n_blocks,
+                  "lmforge_cpu::paged_attention: row ", b, " names block ", table[b * W + i],
+                  " of ", n_blocks);
+    }
+    longest = std::max(longest, length[b]);
+  }
+  const int64_t G = H / H_kv, stride = (longest + 8) / 8 * 8;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  at::Tensor out = at::empty_like(q);
+  const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>();
+  const float *vp = v_pool.data_ptr<float>(), *kn = k_new.data_ptr<float>();
+  const float* vn = v_new.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t head_elements = n_blocks * block_size * D;
+  at::parallel_for(0, B * H_kv, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(G * stride);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H_kv, h = i % H_kv;
+#if defined(__x86_64__) || defined(_M_X64)
+      using namespace lmforge_decode;
+      (avx512 ? attend_head_avx512 : attend_head_avx2)(
+          qp + (b * H + h * G) * D, kp + h * head_elements, vp + h * head_elements,
+          kn + (b * H_kv + h) * D, vn + (b * H_kv + h) * D, table + b * W, length[b], G, D,
+          block_size, scale, scores.data(), op + (b * H + h * G) * D);
+#endif
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(lmforge_cpu, m) {
@@ -183,10 +255,14 @@ TORCH_LIBRARY(lmforge_cpu, m) {
   m.def(
       "int4_mm(Tensor x, Tensor weight, Tensor scales, Tensor zeros, int group_size, str isa) "
       "-> Tensor");
+  m.def(
+      "paged_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor k_new, Tensor v_new, "
+      "Tensor tables, Tensor lengths, str isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lmforge_cpu, CPU, m) {
   m.impl("dense_mm", &dense_mm);
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
+  m.impl("paged_attention", &paged_attention);
 }
