@@ -548,7 +548,8 @@ class Engine:
                 self.scheduler.computed(seq, 1)
             ready += [self._requests[seq] for seq in step.decodes]
         if ready:
-            tokens, logprobs = sample(torch.cat(rows), self._sampling(ready))
+            logits = rows[0] if len(rows) == 1 else torch.cat(rows)
+            tokens, logprobs = sample(logits, self._sampling(ready))
             logprobs = None if logprobs is None else logprobs[:, None]
             self._emit(ready, [[t] for t in tokens.tolist()], tokens[:, None], logprobs)
         if step.decodes and k:

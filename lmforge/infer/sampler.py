@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lmforge.infer.sampling import apply_penalties, filter_logits, inverse_cdf
+from lmforge.infer.sampling import apply_penalties, draw, filter_logits
 
 
 class Sampled(Protocol):
@@ -89,20 +89,15 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     every_row = len(batch.sampled) == len(batch.requests)
     tokens = torch.empty(0) if every_row else logits.argmax(dim=-1)
     if batch.sampled:
-        plain = batch.unit_temperature and (batch.top_k, batch.top_p, batch.min_p) == (None,) * 3
-        if plain and logprobs is not None and batch.penalties is None:
-            weights = logprobs.exp()  # the probabilities already
-        else:
-            scaled = logits if batch.unit_temperature else logits / batch.temperature
-            scaled = filter_logits(scaled, batch.top_k, batch.top_p, batch.min_p)
-            weights = (scaled - scaled.amax(dim=-1, keepdim=True)).exp()
+        scaled = logits if batch.unit_temperature else logits / batch.temperature
+        scaled = filter_logits(scaled, batch.top_k, batch.top_p, batch.min_p)
         # Inverse-CDF sampling: one uniform from each request's own generator (drawing a whole
         # row of noise, or multinomial, per request costs ~100x more on a CPU).
         u = torch.cat([batch.requests[i].uniform() for i in batch.sampled])
         if every_row:
-            tokens = inverse_cdf(weights, u)
+            tokens = draw(scaled, u)
         else:
-            tokens[batch.sampled_rows] = inverse_cdf(weights[batch.sampled_rows], u)
+            tokens[batch.sampled_rows] = draw(scaled[batch.sampled_rows], u)
     if batch.penalties is not None:
         for request, token in zip(batch.requests, tokens, strict=True):
             if request.seen is not None:

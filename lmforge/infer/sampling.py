@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.errors import LmforgeError
+from lmforge.kernels import cpu_decode
 
 CDF_BLOCK = 64  # tokens per block of inverse_cdf's first level
 
@@ -87,6 +88,15 @@ def filter_logits(
     if min_p is not None:
         logits = mask_min_p(logits, min_p)
     return logits
+
+
+def draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Each row's token (n,) at quantile u (n,) in [0, 1) of softmax(logits) (n, V), -inf where
+    masked: lmforge's CPU kernel, which reads the logits in place, where it runs; else the
+    weights e^(logits - max) through `inverse_cdf`."""
+    if logits.device.type == "cpu" and (isa := cpu_decode.isa_for()):
+        return cpu_decode.sample_rows(logits, u, isa)
+    return inverse_cdf((logits - logits.amax(dim=-1, keepdim=True)).exp(), u)
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,8 @@ class TextAssembler:
         """The text newly released by one token's bytes; sets `stopped` at a stop string."""
         if self.stopped:
             return ""
+        if not self.stop:  # nothing to hold back
+            return self._release(self._decoder.decode(data), "")
         held = self._held + self._decoder.decode(data)
         cuts = [i for i in (held.find(s) for s in self.stop) if i >= 0]
         if cuts:

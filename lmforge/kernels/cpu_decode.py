@@ -1,6 +1,7 @@
 """lmforge's CPU decode kernels: weight-only products of a few activation rows with an int8,
-packed int4, bf16 or fp32 weight, at the speed of the bytes they read, and a decode step's
-attention read straight from the paged KV cache (kernels/cpu/*.cpp).
+packed int4, bf16 or fp32 weight, at the speed of the bytes they read; a decode step's
+attention read straight from the paged KV cache; and sampling a token per row of logits
+(kernels/cpu/*.cpp).
 
 A batch-1 decode step reads every weight once, so its speed is memory bandwidth over bytes per
 weight. torch's generic ops reach about a third of the bandwidth on a matrix-vector product
@@ -143,6 +144,12 @@ def paged_attention(
     return op(q, k_pool, v_pool, k_new, v_new, tables, lengths, isa)
 
 
+def sample_rows(x: torch.Tensor, u: torch.Tensor, isa: str) -> torch.Tensor:
+    """One token per row of logits x (n, V), -inf where masked: the first whose cumulative
+    softmax weight exceeds u (n,) in [0, 1) of the row's total, read in place (nothing written)."""
+    return torch.ops.lmforge_cpu.sample_rows(x.float().contiguous(), u.float(), isa)
+
+
 def integer_activations(x: torch.Tensor) -> torch.Tensor:
     """x as int8_mm and int4_mm multiply it, in fp32: each row rounded to int16 steps of
     max|row| / 32767 (the reference their results are tested against)."""
@@ -237,6 +244,9 @@ def _register_fakes() -> None:
     for name in ("dense_mm", "int8_mm", "int4_mm"):
         torch.library.register_fake(f"lmforge_cpu::{name}", product)
     torch.library.register_fake("lmforge_cpu::paged_attention", lambda q, *_: torch.empty_like(q))
+    torch.library.register_fake(
+        "lmforge_cpu::sample_rows", lambda x, *_: x.new_empty(x.shape[0], dtype=torch.long)
+    )
 
 
 if __name__ == "__main__":  # `python -m lmforge.kernels.cpu_decode`: build now (make does)

@@ -2,7 +2,7 @@
 // in vpmaddwd and vpaddd.
 #include <immintrin.h>
 
-#include "decode_attention.h"
+#include "decode_softmax.h"
 #include "decode_kernels.h"
 
 namespace lmforge_decode {
@@ -25,7 +25,7 @@ struct Avx2 {
 
 }  // namespace
 
-LMFORGE_ATTENTION_DEFINE(avx2)
+LMFORGE_SOFTMAX_DEFINE(avx2)
 LMFORGE_DECODE_DEFINE(avx2, Avx2)
 
 }  // namespace lmforge_decode

@@ -2,7 +2,7 @@
 // AVX-512 VNNI's vpdpwssd on 256-bit vectors.
 #include <immintrin.h>
 
-#include "decode_attention.h"
+#include "decode_softmax.h"
 #include "decode_kernels.h"
 
 namespace lmforge_decode {
@@ -25,7 +25,7 @@ struct Avx512 {
 
 }  // namespace
 
-LMFORGE_ATTENTION_DEFINE(avx512)
+LMFORGE_SOFTMAX_DEFINE(avx512)
 LMFORGE_DECODE_DEFINE(avx512, Avx512)
 
 }  // namespace lmforge_decode

@@ -8,7 +8,8 @@
 // The entry points each instruction set's file defines: rows n0..n1 of y (M x N, M <= 8), from
 // x itself (float weights) or from x as quantize_rows gives it (integer weights), for a W laid
 // out row-major or tiled (decode_kernels.h's Layout; tiled: n0 and n1 multiples of 8); and one
-// (row, key head) of a decode step's attention over the paged KV cache (decode_attention.h).
+// (row, key head) of a decode step's attention over the paged KV cache, and one row's sampled
+// token (decode_softmax.h).
 #define LMFORGE_DECODE_ENTRY_POINTS(isa)                                                        \
   void dense_f32_##isa(const float* x, int64_t M, int64_t K, const float* w, bool tiled,       \
                        float* y, int64_t n0, int64_t n1, int64_t N);                            \
@@ -25,4 +26,5 @@
   void attend_head_##isa(const float* q, const float* k_pool, const float* v_pool,             \
                          const float* k_new, const float* v_new, const int64_t* table,         \
                          int64_t length, int64_t G, int64_t D, int64_t block_size, float scale, \
-                         float* scores, float* out);
+                         float* scores, float* out);                                            \
+  int64_t sample_row_##isa(const float* x, int64_t V, float u);

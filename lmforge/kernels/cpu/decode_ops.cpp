@@ -1,5 +1,5 @@
 // torch operators over the decode kernels (decode_kernels.h): lmforge_cpu::dense_mm, int8_mm
-// and int4_mm, and paged_attention (decode_attention.h), each taking the instruction set to run ("avx512" or "avx2") as an argument, so the
+// and int4_mm, paged_attention and sample_rows (decode_softmax.h), each taking the instruction set to run ("avx512" or "avx2") as an argument, so the
 // choice stays in Python (lmforge/kernels/cpu_decode.py) and either can be forced in a test.
 // Rows of W are split across torch's intra-op threads; x is processed 8 rows at a time. A weight
 // is row-major (N, K) or tiled (N / 8, K / 16, 8, 16): decode_kernels.h's Layout, which
@@ -247,6 +247,31 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   return out;
 }
 
+// One token per row of x (n, V) float32, -inf where masked: the first whose cumulative softmax
+// weight exceeds u (n) float32 in [0, 1) of the row's total. Rows are split across threads.
+at::Tensor sample_rows(const at::Tensor& x, const at::Tensor& u, const std::string& isa) {
+  const bool avx512 = wide(isa);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+                  x.size(1) > 0,
+              "lmforge_cpu::sample_rows: x must be a contiguous (rows, vocab) float32 tensor");
+  TORCH_CHECK(u.scalar_type() == at::kFloat && u.numel() == x.size(0),
+              "lmforge_cpu::sample_rows: u must be float32, one per row");
+  const at::Tensor uc = u.contiguous();
+  const int64_t n = x.size(0), V = x.size(1);
+  at::Tensor tokens = at::empty({n}, x.options().dtype(at::kLong));
+  const float *xp = x.data_ptr<float>(), *up = uc.data_ptr<float>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, n, std::max<int64_t>(1, (1 << 16) / V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+#if defined(__x86_64__) || defined(_M_X64)
+      using namespace lmforge_decode;
+      tp[r] = (avx512 ? sample_row_avx512 : sample_row_avx2)(xp + r * V, V, up[r]);
+#endif
+    }
+  });
+  return tokens;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(lmforge_cpu, m) {
@@ -258,6 +283,7 @@ TORCH_LIBRARY(lmforge_cpu, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor k_new, Tensor v_new, "
       "Tensor tables, Tensor lengths, str isa) -> Tensor");
+  m.def("sample_rows(Tensor x, Tensor u, str isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lmforge_cpu, CPU, m) {
@@ -265,4 +291,5 @@ TORCH_LIBRARY_IMPL(lmforge_cpu, CPU, m) {
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
   m.impl("paged_attention", &paged_attention);
+  m.impl("sample_rows", &sample_rows);
 }

@@ -1,7 +1,10 @@
-"""lmforge_cpu::paged_attention, a decode step's attention read straight from the engine's paged
-KV cache, equals SDPA over the same keys and values gathered in order, in every instruction set
-this CPU runs; malformed tables are refused with the row and block they name. Where no kernel
-runs (the generic and neon profiles) the engine's cache attends over a gathered copy instead."""
+"""The decode step's softmax kernels, in every instruction set this CPU runs.
+
+lmforge_cpu::paged_attention, attention read straight from the engine's paged KV cache, equals
+SDPA over the same keys and values gathered in order; malformed tables are refused with the row
+and block they name. Where no kernel runs (the generic and neon profiles) the engine's cache
+attends over a gathered copy instead. lmforge_cpu::sample_rows picks the token a full cumsum
+of the softmax picks, and never a masked one."""
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ import torch.nn.functional as F
 
 from lmforge.device.capability import DECODE_ISAS, cpu_capability, narrower
 from lmforge.infer.kv_cache import PagedKVCache
+from lmforge.infer.sampling import draw
 from lmforge.kernels import cpu_decode
 from lmforge.model import ModelConfig, Transformer
 
@@ -89,3 +93,27 @@ def test_the_engine_cache_attends_in_place_only_where_a_kernel_runs(monkeypatch,
     model = Transformer(config).eval()
     assert (PagedKVCache(model, 4, 4).attention_isa == "avx2") is kernel
     assert PagedKVCache(model.to(torch.bfloat16), 4, 4).attention_isa is None  # fp32 pools only
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("vocab", [4096, 799, 5])
+def test_sample_rows_picks_what_a_full_cumsum_of_the_softmax_picks(monkeypatch, isa, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(300, vocab, generator=g) * 4
+    logits[:, 1::3] = float("-inf")  # masked (top-k, top-p, min-p)
+    u = torch.rand(300, generator=g)
+    cdf = logits.softmax(-1).cumsum(-1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    got = cpu_decode.sample_rows(logits, u, isa)
+    assert got.dtype == torch.long and (got != want).sum() <= 1  # a boundary may round either way
+    assert torch.isfinite(logits.gather(-1, got[:, None])).all()
+    edges = cpu_decode.sample_rows(logits[:2], torch.tensor([0.0, 1 - 2**-24]), isa)
+    assert edges[0] == 0 and torch.isfinite(logits[1, edges[1]])
+    assert (draw(logits, u) == got).all()  # the engine's draw takes the kernel here
+    monkeypatch.setenv("LMFORGE_CPU_PROFILE", "generic")  # and torch's ops where none runs
+    assert (draw(logits, u) != want).sum() <= 1
+
+
+def test_sample_rows_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(RuntimeError, match="one per row"):
+        cpu_decode.sample_rows(torch.zeros(3, 8), torch.zeros(2), RUNNABLE[0])

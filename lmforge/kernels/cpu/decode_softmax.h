@@ -1,5 +1,8 @@
-// A decode step's attention straight from the paged KV cache: each row's one new query against
-// the keys and values in its blocks (lmforge/infer/kv_cache.py's pool), and its own new key and
+// A decode step's two softmaxes, over vectors of exponentials (exp8): its attention, and the
+// sampling of its tokens.
+//
+// Attention straight from the paged KV cache: each row's one new query against the keys and
+// values in its blocks (lmforge/infer/kv_cache.py's pool), and its own new key and
 // value, which the engine writes into the pool only after the forward.
 //
 // The engine otherwise gathers every row's blocks into a contiguous copy, writes the new keys
@@ -9,11 +12,14 @@
 // the scores of the query heads that share the key head, in one pass over the keys; their
 // softmax, exponentials eight at a time; one pass over the values. fp32 throughout, on 256-bit
 // vectors in both instruction sets' builds (head dims of 64 or 128 fill them).
+//
+// Sampling (sample_row): a token of a row of logits at a quantile of its softmax, read in place.
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "decode_kernels.h"
@@ -21,10 +27,13 @@
 namespace lmforge_decode {
 namespace {
 
-// e^x lane by lane, for x <= 0 (scores less their maximum): Cephes' expf, a relative error
-// of about 2^-23. Below -87.3 e^x leaves fp32's normal range and is taken as e^-87.3.
+// e^x lane by lane, for x <= 0 (scores less their maximum): Cephes' expf, a relative error of
+// about 2^-23; 0 below -87.3, where e^x leaves fp32's normal range (and for -inf: a masked
+// token).
 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 floor = _mm256_set1_ps(-87.3f);
+  const __m256 in_range = _mm256_cmp_ps(x, floor, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, floor);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
@@ -36,7 +45,7 @@ inline __m256 exp8(__m256 x) {
   const __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1)));
   const __m256i two_n = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(two_n)), in_range);
 }
 
 inline float dot(const float* a, const float* b, int64_t D) {
@@ -130,15 +139,55 @@ inline void attend_head(const float* q, const float* k_pool, const float* v_pool
   }
 }
 
+// The token of one row of logits x (V of them, -inf: masked) at quantile u in [0, 1) of
+// softmax(x): the first whose cumulative weight exceeds u times the total. Three passes over the
+// row (its maximum, the total of e^(x - max), the walk to u), writing nothing: torch's softmax
+// and cumsum write the row twice, and a cumsum is one serial pass per row.
+inline int64_t sample_row(const float* x, int64_t V, float u) {
+  float top = x[0];
+  for (int64_t t = 1; t < V; ++t) top = x[t] > top ? x[t] : top;
+  const __m256 shift = _mm256_set1_ps(top);
+  float weights[8];
+  auto eight = [&](int64_t t) {  // e^(x - max) of x[t..t+8), lanes past V zero
+    if (t + 8 <= V) return exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), shift));
+    for (int i = 0; i < 8; ++i) weights[i] = t + i < V ? x[t + i] - top : -INFINITY;
+    return exp8(_mm256_loadu_ps(weights));
+  };
+  __m256 sums = _mm256_setzero_ps();
+  for (int64_t t = 0; t < V; t += 8) sums = _mm256_add_ps(sums, eight(t));
+  const float target = u * sum8(sums);
+  float cumulative = 0;
+  int64_t last = 0;  // the last token with any weight: where rounding leaves the walk short
+  for (int64_t t = 0; t < V; t += 8) {
+    const __m256 e = eight(t);
+    const float block = sum8(e);
+    if (block == 0) continue;
+    _mm256_storeu_ps(weights, e);
+    if (cumulative + block <= target) {
+      cumulative += block;
+      for (int i = 0; i < 8; ++i) last = weights[i] > 0 ? t + i : last;
+      continue;
+    }
+    for (int i = 0; i < 8; ++i) {
+      if (weights[i] == 0) continue;
+      cumulative += weights[i];
+      last = t + i;
+      if (cumulative > target) return last;
+    }
+  }
+  return last;
+}
+
 }  // namespace
 
-#define LMFORGE_ATTENTION_DEFINE(isa)                                                           \
+#define LMFORGE_SOFTMAX_DEFINE(isa)                                                           \
   void attend_head_##isa(const float* q, const float* k_pool, const float* v_pool,             \
                          const float* k_new, const float* v_new, const int64_t* table,         \
                          int64_t length, int64_t G, int64_t D, int64_t block_size, float scale, \
                          float* scores, float* out) {                                           \
     attend_head(q, k_pool, v_pool, k_new, v_new, table, length, G, D, block_size, scale,       \
                 scores, out);                                                                   \
-  }
+  }                                                                                             \
+  int64_t sample_row_##isa(const float* x, int64_t V, float u) { return sample_row(x, V, u); }
 
 }  // namespace lmforge_decode
