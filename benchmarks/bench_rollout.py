@@ -18,12 +18,15 @@ the 134M shape takes the same ids (all below its vocabulary).
 Part 1, rollouts: --prompts (64) prompts x G = 8 completions of exactly --new-tokens (128)
 tokens, sampled at temperature 1 from the whole vocabulary:
 
-- lmforge: its inference engine (continuous batching of the 512 requests over --slots, default
-  128, decode slots: RlConfig.engine_batch, what `lmforge rl` runs; eager, as RolloutEngine
-  runs it), each request with its own seed (`request_seed`) and the log-probability of every
-  sampled token (logprobs=True), as RolloutEngine.sample submits them. The engine is driven
-  directly, with a tokenizer stub that has no special tokens, so no request stops before
-  --new-tokens (RolloutEngine always stops at the template's end tokens);
+- lmforge: its inference engine (continuous batching of the 512 requests over --slots decode
+  slots, default 128 and 512: RlConfig.engine_batch's default, what `lmforge rl` runs, and the
+  whole batch at once, as generate takes it; eager, as RolloutEngine runs it; and the decode step
+  compiled for --compiled-slots, default 512, warmed up by one untimed pass, which compiles each
+  row count it meets; a KV pool of what the running requests can hold: slots x (longest prompt
+  + --new-tokens) positions), each request with its own seed (`request_seed`) and the
+  log-probability of every sampled token (logprobs=True), as RolloutEngine.sample submits them.
+  The engine is driven directly, with a tokenizer stub that has no special tokens, so no request
+  stops before --new-tokens (RolloutEngine always stops at the template's end tokens);
 - transformers: `generate` as TRL's GRPOTrainer calls it without vLLM: the prompts repeated G
   times each (TRL's RepeatSampler order), left-padded, the whole batch in one call (--hf-batch
   0; N: chunks of N rows), do_sample with temperature 1, top_k 0, top_p 1, the default dynamic
@@ -65,7 +68,8 @@ micro-batches of --micro-batch (32) completions:
 Writes benchmarks/results/rollout.json.
 
     python benchmarks/bench_rollout.py [--reps 3] [--threads 2] [--shapes speedrun,134M]
-        [--prompts 64] [--new-tokens 128] [--prompts-134m 16] [--slots 128] [--hf-batch 0]
+        [--prompts 64] [--new-tokens 128] [--prompts-134m 16] [--slots 128,512]
+        [--compiled-slots 512] [--hf-batch 0]
         [--hf-logprobs] [--grpo-shapes speedrun] [--grpo-prompts 16] [--grpo-new-tokens 64]
         [--micro-batch 32] [--skip-rollouts] [--skip-grpo] [--quick]
 """
@@ -98,6 +102,7 @@ from lmforge.device.cpuinfo import read_cpuinfo
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.hf import export_hf
+from lmforge.model.layers import Linear
 from lmforge.posttrain.grpo import GroupSampler, PolicyTrainer
 from lmforge.posttrain.rl_config import RlConfig
 from lmforge.posttrain.rollout import RolloutEngine, request_seed
@@ -300,17 +305,20 @@ def same_greedy(engine: Engine, hf, prompts: list[list[int]], pad: int) -> bool:
 
 
 def bench_rollouts(
-    m: Model, prompts: list[list[int]], n: int, reps: int, slots: list[int], hf_batch: int,
-    hf_logprobs: bool,
+    m: Model, prompts: list[list[int]], n: int, reps: int, slots: list[tuple[int, bool]],
+    hf_batch: int, hf_logprobs: bool,
 ) -> dict:  # fmt: skip
     hf = m.load_hf()
     pad = hf.generation_config.pad_token_id or 0
+    longest = max(map(len, prompts)) + n  # KV positions: what the running requests can hold
+    running = [min(s, len(prompts) * GROUP_SIZE) for s, _ in slots]
     engines = {
-        f"lmforge engine ({s} slots)": Engine(
-            copy.deepcopy(m.model).requires_grad_(False), NoSpecials(), max_batch_size=s
+        f"lmforge engine ({s} slots{', compiled' if compiled else ''})": Engine(
+            copy.deepcopy(m.model).requires_grad_(False), NoSpecials(), max_batch_size=s,
+            max_kv_tokens=rows * longest, compile=compiled,
         )
-        for s in slots
-    }
+        for (s, compiled), rows in zip(slots, running, strict=True)
+    }  # fmt: skip
     impls: dict[str, Callable[[list[list[int]], int, int], dict]] = {}
     impls[HF_ROW] = lambda p, k, r: hf_rollouts(hf, p, k, hf_batch, pad, False, r)
     if hf_logprobs:
@@ -321,6 +329,9 @@ def bench_rollouts(
     same = {label: same_greedy(e, hf, prompts[:2], pad) for label, e in engines.items()}
     for run in impls.values():  # warm up: allocators, the engine's thread, generate's caches
         run(prompts[:1], 4, 0)
+    for engine in engines.values():  # every row count a compiled step meets, compiled
+        if engine.runner.compiled:
+            lmforge_rollouts(engine, prompts, n, 0)
     runs: dict[str, list[dict]] = {label: [] for label in impls}
     for rep in range(reps):  # interleaved: every side once per round
         for label, run in impls.items():
@@ -412,6 +423,7 @@ class LmforgeGrpo:
             "sync_s": end - trained,
             "completions": len(lengths),
             "completion_tokens": sum(lengths),
+            "prompt_tokens": sum(len(r.prompt_ids) for r in collected.rollouts),
             "mean_completion_length": sum(lengths) / len(lengths),
             "reward_mean": float(collected.rewards.mean()),
             "torch_threads": torch.get_num_threads(),
@@ -569,6 +581,11 @@ def bench_grpo(
         for side, rs in measured.items()
     }
     ratio = summary["lmforge"]["seconds_per_step"] / summary["TRL GRPOTrainer"]["seconds_per_step"]
+    ours_steps = measured["lmforge"]
+    tokens = statistics.median(r["completion_tokens"] + r["prompt_tokens"] for r in ours_steps)
+    floor = matmul_floor(m.model, int(tokens), cfg.micro_batch * int(tokens) // batch)
+    floor["budget_s"] = GRPO_TARGET * summary["TRL GRPOTrainer"]["seconds_per_step"]
+    floor["lmforge_train_s"] = summary["lmforge"]["train_s"]
     paired = [
         a["seconds"] / b["seconds"]
         for a, b in zip(measured["lmforge"], measured["TRL GRPOTrainer"], strict=True)
@@ -590,7 +607,45 @@ def bench_grpo(
         "ratio": ratio,
         "ratio_per_step": [round(x, 3) for x in paired],
         "target_met": ratio <= GRPO_TARGET,
+        "training_matmul_floor": floor,
     }
+
+
+def matmul_floor(model: Transformer, tokens: int, rows: int) -> dict:
+    """The least time a step's training can take here: its matrix products alone (every
+    Linear's forward and its two backward products, the head's included) over `tokens` trained
+    tokens, in micro-batches of `rows` tokens, at the rate torch's matmul reaches on this
+    machine for those shapes (best of 5). Attention, norms, the loss and the optimizer come on
+    top, so a 0.5x target below this floor cannot be met by any implementation of the same
+    training (same tokens, same model, fp32)."""
+    shapes: dict[tuple[int, int], int] = {}
+    for module in model.modules():
+        if isinstance(module, Linear):
+            shapes[tuple(module.weight.shape)] = shapes.get(tuple(module.weight.shape), 0) + 1
+    seconds = flops = 0.0
+    for (out, inp), count in shapes.items():
+        x, w, g = torch.randn(rows, inp), torch.randn(out, inp), torch.randn(rows, out)
+
+        def products(x=x, w=w, g=g) -> None:
+            x @ w.t(), g @ w, g.t() @ x  # forward, input gradient, weight gradient
+
+        products()
+        best = min(timed(products) for _ in range(5))
+        seconds += best * count * tokens / rows
+        flops += 6 * rows * inp * out * count * tokens / rows
+    return {
+        "trained_tokens": tokens,
+        "rows_per_micro_batch": rows,
+        "matmul_gflop": flops / 1e9,
+        "matmul_gflops_per_s": flops / seconds / 1e9,
+        "matmul_seconds": seconds,
+    }
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 # -- report -------------------------------------------------------------------------------
@@ -657,6 +712,13 @@ def print_grpo(results: dict) -> None:
             f"{', '.join(f'{x:.2f}x' for x in r['ratio_per_step'])}); target <= {GRPO_TARGET:g}x "
             f"{'met' if r['target_met'] else 'NOT met'}; same prompt ids: {r['same_prompt_ids']}"
         )
+        f = r["training_matmul_floor"]
+        print(
+            f"{shape}: the training's matrix products alone ({f['matmul_gflop']:.0f} GFLOP over "
+            f"{f['trained_tokens']} tokens) take {f['matmul_seconds']:.2f} s at this machine's "
+            f"{f['matmul_gflops_per_s']:.0f} GFLOP/s; lmforge's training took "
+            f"{f['lmforge_train_s']:.2f} s; the target's whole step: {f['budget_s']:.2f} s"
+        )
 
 
 def main() -> None:
@@ -667,7 +729,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64, help="part 1's prompts (speedrun)")
     parser.add_argument("--prompts-134m", type=int, default=16, help="part 1's prompts (134M)")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--slots", default="128", help="the engine's decode slots, e.g. 64,128")
+    parser.add_argument("--slots", default="128,512", help="the engine's decode slots, eager")
+    parser.add_argument("--compiled-slots", default="512", help="decode slots, compiled ('': none)")
     parser.add_argument("--hf-batch", type=int, default=0, help="generate's rows (0: all)")
     parser.add_argument("--hf-logprobs", action="store_true", help="also generate + logprobs")
     parser.add_argument("--grpo-shapes", default="speedrun", help="part 2's shapes")
@@ -718,7 +781,8 @@ def main() -> None:
                 print(f"rollouts, {shape} ({m.params / 1e6:.1f}M, {m.source}): {count} prompts "
                       f"× {GROUP_SIZE} × {args.new_tokens} tokens", flush=True)  # fmt: skip
                 prompts = prompt_ids(problems[:count], template)
-                slots = [int(s) for s in args.slots.split(",")]
+                slots = [(int(s), False) for s in args.slots.split(",") if s]
+                slots += [(int(s), True) for s in args.compiled_slots.split(",") if s]
                 rollouts[shape] = bench_rollouts(
                     m, prompts, args.new_tokens, args.reps, slots, args.hf_batch, args.hf_logprobs
                 )

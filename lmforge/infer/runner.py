@@ -9,10 +9,12 @@ tokens to compute, and in which blocks, is the scheduler's business (lmforge.inf
 
 On a CPU a compiled decode step is a hundred small operations: Inductor's wrapper is C++ and
 its elementwise loops run on one thread (they cover a few rows of d_model elements; waking
-threads for each costs more than it saves), and the thread count of the step's matrix and
-attention kernels is chosen per row count by timing the first steps (lmforge.threads): on a
-2-core Zen 3 host a batch-1 int8 step of an 85M model took 9.9 ms on one thread and 12.8 ms on
-two, where a larger model or a larger machine gains from more.
+threads for each costs more than it saves), and for up to cpu_decode.MAX_ROWS rows (the decode
+kernels' products) the step's thread count is chosen per row count by timing the first steps
+(lmforge.threads): on a 2-core Zen 3 host a batch-1 int8 step of an 85M model took 9.9 ms on one
+thread and 12.8 ms on two, where a larger model or a larger machine gains from more. More rows
+are torch's matrix products, bound by arithmetic, and keep every thread (512 rows of a 5M
+model: 60 ms a step on two threads, 116 on one): a trial there only risks a noisy choice.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from lmforge.infer.blocks import NULL_BLOCK
 from lmforge.infer.kv_cache import PagedKVCache
+from lmforge.kernels.cpu_decode import MAX_ROWS
 from lmforge.threads import ThreadTrial, using_threads
 
 # Blocks a decode batch's gathered cache has room for beyond its longest table: each sequence
@@ -86,8 +89,9 @@ class ModelRunner:
 
     def _timed_step(self, ids: torch.Tensor, rows: int) -> torch.Tensor:
         """The decode step, on a CPU at the thread count its trial for this many rows chose or
-        is trying (its first call, which compiles, is not timed)."""
-        if not self.compiled or self.device.type != "cpu":
+        is trying (its first call, which compiles, is not timed); more than MAX_ROWS rows keep
+        the caller's count."""
+        if not self.compiled or self.device.type != "cpu" or rows > MAX_ROWS:
             return self._step(ids)
         trial = self.thread_trials.get(rows)
         if trial is None:

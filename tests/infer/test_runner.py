@@ -1,12 +1,13 @@
 """The model runner's compiled CPU decode step runs at the thread count its timed first steps
-chose for that many rows, and leaves the caller's count as it was."""
+chose for that many rows (up to the decode kernels' MAX_ROWS; more keep every thread), and
+leaves the caller's count as it was."""
 
 import time
 from types import SimpleNamespace
 
 import torch
 
-from lmforge.infer.runner import TRIAL_STEPS, ModelRunner
+from lmforge.infer.runner import MAX_ROWS, TRIAL_STEPS, ModelRunner
 from lmforge.threads import using_threads
 
 
@@ -27,7 +28,10 @@ def test_each_row_count_times_its_first_steps_and_keeps_the_faster_thread_count(
             ModelRunner._timed_step(runner, ids, 1)
             assert torch.get_num_threads() == 2  # the caller's count, between steps
         ModelRunner._timed_step(runner, ids, 2)  # another row count: a trial of its own
+        for _ in range(2 * TRIAL_STEPS):  # matrix products, not the kernels': no trial
+            ModelRunner._timed_step(runner, ids, 2 * MAX_ROWS)
     assert seen[: 1 + TRIAL_STEPS] == [2] * (1 + TRIAL_STEPS)  # the first step compiles
-    assert seen[1 + TRIAL_STEPS : -1] == [1] * (TRIAL_STEPS + 3)
+    assert seen[1 + TRIAL_STEPS : 1 + 2 * TRIAL_STEPS + 3] == [1] * (TRIAL_STEPS + 3)
+    assert seen[-2 * TRIAL_STEPS - 1 :] == [2] * (2 * TRIAL_STEPS + 1)
     assert runner.thread_trials[1].chosen == 1
     assert set(runner.thread_trials) == {1, 2} and runner.thread_trials[2].chosen is None
