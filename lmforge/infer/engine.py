@@ -48,7 +48,7 @@ from lmforge.infer.scheduler import Sequence as Tokens
 from lmforge.infer.score import TokenScores, score
 from lmforge.infer.speculative import DraftModelProposer, NgramProposer, accept
 from lmforge.infer.text_assembler import TextAssembler
-from lmforge.infer.weight_layouts import lay_out_for_decode
+from lmforge.infer.weight_layouts import lay_out_for_decode, load_drafter
 
 if TYPE_CHECKING:
     from lmforge.model.transformer import Transformer
@@ -57,6 +57,7 @@ __all__ = ["Completion", "Engine", "RequestHandle", "SamplingParams", "TokenEven
 
 BLOCK_SIZE = 16  # token positions per KV block
 STEP_TOKENS = 2048  # tokens a step computes at most: decodes first, then prefill chunks
+UNIFORM_DRAWS = 64  # a request's random numbers drawn at once (one per sampled token)
 
 
 @dataclass
@@ -120,6 +121,7 @@ class _Request:
     counts: torch.Tensor | None = None  # for penalties: how often each was generated
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    _uniforms: list[float] = field(default_factory=list)  # drawn, not yet used, last first
 
     @property
     def token_ids(self) -> list[int]:
@@ -129,9 +131,15 @@ class _Request:
     def cached_tokens(self) -> int:
         return self.seq.cached_tokens or 0
 
-    def uniform(self) -> torch.Tensor:
-        """The next number in [0, 1) of this request's own random stream, shape (1,)."""
-        return torch.rand(1, generator=self.generator, device=self.generator.device)
+    def uniform(self) -> float:
+        """The next number in [0, 1) of this request's own random stream, drawn UNIFORM_DRAWS at
+        a time (on a CPU the same numbers one draw at a time gives; a draw per token cost more
+        than the rest of its sampling)."""
+        if not self._uniforms:
+            device = self.generator.device
+            draws = torch.rand(UNIFORM_DRAWS, generator=self.generator, device=device)
+            self._uniforms = draws.tolist()[::-1]
+        return self._uniforms.pop()
 
 
 @dataclass
@@ -652,3 +660,24 @@ class Engine:
             request = self._requests[seq]
             self._release(request)
             request.handle._fail(error)
+
+
+def serving_engine(
+    model: Transformer,
+    tokenizer: Any,
+    max_batch_size: int,
+    compile: bool,
+    speculative: str | None,
+    device: torch.device | str = "cpu",
+) -> Engine:
+    """The engine `lmforge generate` and `lmforge serve` run: the weights laid out for this
+    CPU's decode kernels and `max_batch_size` rows, and `speculative` ("ngram", a smaller
+    checkpoint's folder, or None) as its drafter."""
+    return Engine(
+        model,
+        tokenizer,
+        max_batch_size=max_batch_size,
+        compile=compile,
+        relayout_weights=True,
+        speculative=load_drafter(speculative, device),
+    )

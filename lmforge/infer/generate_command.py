@@ -22,9 +22,9 @@ from typing import Any, TextIO
 
 from lmforge.errors import LmforgeError
 from lmforge.infer.beam import beam_search
-from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.infer.engine import SamplingParams, serving_engine
 from lmforge.infer.text import prompt_ids
-from lmforge.infer.weight_layouts import load_drafter, load_for_decode
+from lmforge.infer.weight_layouts import load_for_decode
 
 # The sampling flags' defaults. The parser leaves them None, so a flag the user passed can be
 # told from one left alone, even when passed with its default value.
@@ -178,14 +178,7 @@ def run_generate(
             print(json.dumps({"prompt": prompt, "beams": beams_out}), file=out)
         return
     slots = min(batch_size, len(ids))  # one prompt: a batch-1 engine, laid out for that
-    with Engine(
-        model,
-        tokenizer,
-        max_batch_size=slots,
-        compile=compile,
-        relayout_weights=True,
-        speculative=load_drafter(speculative, device),
-    ) as engine:
+    with serving_engine(model, tokenizer, slots, compile, speculative, device) as engine:
         if stream:
             out.write(prompts[0])
             for event in engine.submit(ids[0], requests[0]):

@@ -23,7 +23,7 @@ class Sampled(Protocol):
     seen: torch.Tensor | None  # (V,) bool: tokens in its prompt or output, for penalties
     counts: torch.Tensor | None  # (V,) float: how often it generated each token
 
-    def uniform(self) -> torch.Tensor: ...
+    def uniform(self) -> float: ...
 
 
 @dataclass
@@ -93,7 +93,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
         scaled = filter_logits(scaled, batch.top_k, batch.top_p, batch.min_p)
         # Inverse-CDF sampling: one uniform from each request's own generator (drawing a whole
         # row of noise, or multinomial, per request costs ~100x more on a CPU).
-        u = torch.cat([batch.requests[i].uniform() for i in batch.sampled])
+        u = torch.tensor([batch.requests[i].uniform() for i in batch.sampled], device=logits.device)
         if every_row:
             tokens = draw(scaled, u)
         else:

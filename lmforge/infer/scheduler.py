@@ -148,9 +148,9 @@ class Scheduler:
     def computed(self, seq: Sequence, n: int) -> None:
         """The step computed n more of seq's tokens: offer its newly full blocks to the cache."""
         seq.computed += n
-        if not self.prefix_caching:
-            return
         full = seq.computed // self.pool.block_size
+        if not self.prefix_caching or full <= seq.registered:  # no block newly full
+            return
         keys = seq.block_keys(full, self.pool.block_size)
         for i in range(seq.registered, full):
             self.pool.register(seq.blocks[i], keys[i])

@@ -46,7 +46,13 @@ from starlette.exceptions import HTTPException
 
 from lmforge.errors import LmforgeError
 from lmforge.infer import openai_schema as api
-from lmforge.infer.engine import Engine, RequestHandle, SamplingParams, TokenEvent
+from lmforge.infer.engine import (
+    Engine,
+    RequestHandle,
+    SamplingParams,
+    TokenEvent,
+    serving_engine,
+)
 from lmforge.infer.score import BATCH_TOKENS
 from lmforge.infer.server_limits import (
     Guard,
@@ -56,7 +62,7 @@ from lmforge.infer.server_limits import (
     exposure_warning,
 )
 from lmforge.infer.text import prompt_ids
-from lmforge.infer.weight_layouts import load_drafter, load_for_decode
+from lmforge.infer.weight_layouts import load_for_decode
 from lmforge.tokenizer.chat_template import ChatTemplate, ReplyStripper, check_messages
 from lmforge.tokenizer.tokenizer import EOT
 from lmforge.tokens.encode import document_start
@@ -811,15 +817,7 @@ def serve(
         print(warning, file=sys.stderr)
     model, tokenizer = load_for_decode(checkpoint, device, adapter)
     name = model_name or Path(checkpoint).resolve().name
-    engine = Engine(
-        model,
-        tokenizer,
-        max_batch_size=max_batch_size,
-        compile=compile,
-        relayout_weights=True,
-        speculative=load_drafter(speculative, device),
-    )
-    with engine:
+    with serving_engine(model, tokenizer, max_batch_size, compile, speculative, device) as engine:
         app = create_app(engine, tokenizer, name, limits)
         key = ", API key required" if limits.api_key else ""
         print(f"serving {name!r} on http://{host}:{port} (chat page at /, API at /v1{key})")

@@ -159,14 +159,14 @@ def accept(
                 n += 1
         else:
             p = probs[row]
-            while n < k and float(request.uniform()) < float(p[n, drafted[row][n]]):
+            while n < k and request.uniform() < float(p[n, drafted[row][n]]):
                 chosen[row, n] = drafted[row][n]
                 n += 1
             last = p[n].clone()
             if n < k:  # rejected: draw from p without the draft
                 last[drafted[row][n]] = 0
             cdf = last.cumsum(dim=0)
-            u = request.uniform() * cdf[-1]
+            u = cdf[-1:] * request.uniform()
             chosen[row, n] = torch.searchsorted(cdf, u, right=True).clamp(max=vocab - 1)[0]
         kept.append([*drafted[row][:n], int(chosen[row, n])])
         chosen[row, :n] = drafts[row, :n]

@@ -97,8 +97,8 @@ class Row:
         self.seen = self.counts = None
         self.generator = torch.Generator().manual_seed(seed)
 
-    def uniform(self) -> torch.Tensor:
-        return torch.rand(1, generator=self.generator)
+    def uniform(self) -> float:
+        return float(torch.rand(1, generator=self.generator))
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_k=3)])
