@@ -20,10 +20,11 @@ tokens, sampled at temperature 1 from the whole vocabulary:
 
 - lmforge: its inference engine (continuous batching of the 512 requests over --slots decode
   slots, default 128 and 512: RlConfig.engine_batch's default, what `lmforge rl` runs, and the
-  whole batch at once, as generate takes it; eager, as RolloutEngine runs it; and the decode step
-  compiled for --compiled-slots, default 512, warmed up by one untimed pass, which compiles each
-  row count it meets; a KV pool of what the running requests can hold: slots x (longest prompt
-  + --new-tokens) positions), each request with its own seed (`request_seed`) and the
+  whole batch at once, as generate takes it; a slot count above the completions runs once, at
+  the completions' count; eager, as RolloutEngine runs it; --compiled-slots adds engines whose
+  decode step is compiled, warmed up by one untimed pass, which compiles each row count it
+  meets; a KV pool of what the running requests can hold: slots x (longest prompt +
+  --new-tokens) positions), each request with its own seed (`request_seed`) and the
   log-probability of every sampled token (logprobs=True), as RolloutEngine.sample submits them.
   The engine is driven directly, with a tokenizer stub that has no special tokens, so no request
   stops before --new-tokens (RolloutEngine always stops at the template's end tokens);
@@ -69,7 +70,7 @@ Writes benchmarks/results/rollout.json.
 
     python benchmarks/bench_rollout.py [--reps 3] [--threads 2] [--shapes speedrun,134M]
         [--prompts 64] [--new-tokens 128] [--prompts-134m 16] [--slots 128,512]
-        [--compiled-slots 512] [--hf-batch 0]
+        [--compiled-slots ''] [--hf-batch 0]
         [--hf-logprobs] [--grpo-shapes speedrun] [--grpo-prompts 16] [--grpo-new-tokens 64]
         [--micro-batch 32] [--skip-rollouts] [--skip-grpo] [--quick]
 """
@@ -730,7 +731,7 @@ def main() -> None:
     parser.add_argument("--prompts-134m", type=int, default=16, help="part 1's prompts (134M)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--slots", default="128,512", help="the engine's decode slots, eager")
-    parser.add_argument("--compiled-slots", default="512", help="decode slots, compiled ('': none)")
+    parser.add_argument("--compiled-slots", default="", help="decode slots, compiled, e.g. 512")
     parser.add_argument("--hf-batch", type=int, default=0, help="generate's rows (0: all)")
     parser.add_argument("--hf-logprobs", action="store_true", help="also generate + logprobs")
     parser.add_argument("--grpo-shapes", default="speedrun", help="part 2's shapes")
@@ -781,8 +782,14 @@ def main() -> None:
                 print(f"rollouts, {shape} ({m.params / 1e6:.1f}M, {m.source}): {count} prompts "
                       f"× {GROUP_SIZE} × {args.new_tokens} tokens", flush=True)  # fmt: skip
                 prompts = prompt_ids(problems[:count], template)
-                slots = [(int(s), False) for s in args.slots.split(",") if s]
-                slots += [(int(s), True) for s in args.compiled_slots.split(",") if s]
+                completions = count * GROUP_SIZE
+                slots = [
+                    (min(int(s), completions), compiled)
+                    for spec, compiled in ((args.slots, False), (args.compiled_slots, True))
+                    for s in spec.split(",")
+                    if s
+                ]
+                slots = list(dict.fromkeys(slots))  # 512 slots for 128 completions: 128
                 rollouts[shape] = bench_rollouts(
                     m, prompts, args.new_tokens, args.reps, slots, args.hf_batch, args.hf_logprobs
                 )
