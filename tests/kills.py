@@ -15,6 +15,7 @@ prints one `killed runs:` line per command (kills made, when, resumes, results i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -84,18 +85,13 @@ def lmforge(*args: str) -> list[str]:
 
 def newest_write(folder: Path) -> float:
     """The newest modification time of anything under `folder` (0 when there is nothing)."""
-    if not folder.exists():
-        return 0.0
-    times = [p.stat().st_mtime for p in folder.rglob("*") if _exists(p)]
+    times = []
+    # os.walk skips a folder that vanishes while it walks (a temporary renamed); rglob raises
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            with contextlib.suppress(FileNotFoundError):
+                times.append(os.stat(os.path.join(root, name)).st_mtime)
     return max(times, default=0.0)
-
-
-def _exists(path: Path) -> bool:
-    try:
-        path.stat()
-    except FileNotFoundError:  # removed while we looked (a temporary renamed)
-        return False
-    return True
 
 
 def newest_checkpoint(run: Path) -> int:
