@@ -18,7 +18,8 @@ import functools
 import importlib.util
 import os
 import platform
-import shutil
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -211,15 +212,16 @@ def bf16_speedup() -> float:
 
 @functools.cache
 def cpp_compiler() -> str | None:
-    """The C++ compiler Inductor would use (torch.compile on a CPU needs one), or None."""
+    """The C++ compiler Inductor uses (torch.compile on a CPU needs one), or None where it does
+    not run: $CXX, else g++ (clang++ on macOS), as torch._inductor.config.cpp.cxx chooses, looked
+    for here without importing Inductor, which would load torch._dynamo (1.7 s) into every
+    process that decodes."""
+    compiler = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
     try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-    except ImportError:  # a torch without this private helper: look for the usual names
-        return next(filter(None, map(shutil.which, ("g++", "clang++", "c++"))), None)
-    try:
-        return get_cpp_compiler()
-    except Exception:  # torch raises InvalidCxxCompiler when none of its candidates runs
+        subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
         return None
+    return compiler
 
 
 def compile_unavailable(device: torch.device | str) -> str | None:

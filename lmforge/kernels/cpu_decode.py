@@ -54,9 +54,13 @@ def isa_for(capability: CpuCapability | None = None) -> str | None:
     return capability.decode_isa if capability.decode_isa and load() is None else None
 
 
-@torch.compiler.assume_constant_result  # torch.compile asks once, while tracing
 def _isa_here() -> str | None:
     return _isa_under(os.environ.get(PROFILE_ENV))
+
+
+# torch.compile asks once, while tracing: the mark torch.compiler.assume_constant_result sets,
+# set without it, which would import torch._dynamo (1.6 s) into every process that decodes
+_isa_here._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 @functools.cache

@@ -205,3 +205,31 @@ def test_compiled_decode_calls_the_kernel_and_agrees() -> None:
         torch.compile(module, fullgraph=True)(x),
         F.linear(cpu_decode.integer_activations(x), q.dequantize()),
     )
+
+
+def test_an_eager_decode_never_imports_torch_compile() -> None:
+    """Importing torch._dynamo takes over a second of a process's start: one that loads the
+    kernels, decodes eagerly (paged attention, sampling) must not pay it."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from lmforge.infer.engine import Engine, SamplingParams
+from lmforge.kernels import cpu_decode
+from lmforge.model import ModelConfig, Transformer
+
+class Bytes:
+    special_tokens = {"<|endoftext|>": 256}
+    def token_bytes(self, token):
+        return bytes([token % 256])
+
+cpu_decode.isa_for()
+config = ModelConfig(vocab_size=257, d_model=64, n_layers=1, n_heads=2, max_seq_len=32)
+with Engine(Transformer(config), Bytes()) as engine:
+    engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=4, temperature=1.0, seed=0))
+print("torch._dynamo" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
