@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -214,20 +215,22 @@ def build(compiler: str, verbose: bool = False) -> Path:
     torch_lib = Path(torch.__file__).parent / "lib"
     if verbose or sys.stderr.isatty():
         print("building lmforge's CPU decode kernels (once)...", file=sys.stderr)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    ops_flags = ["-O2", "-std=c++20", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    sources = {  # object: the file and its flags
+        **{
+            f"{isa}.o": (f"decode_{isa}.cpp", ["-O3", "-std=c++17", *f])
+            for isa, f in ISA_FLAGS.items()
+        },
+        "ops.o": ("decode_ops.cpp", [*ops_flags, *(f"-I{p}" for p in include_paths())]),
+    }
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = []
-        for isa, flags in ISA_FLAGS.items():
-            objects.append(f"{tmp}/{isa}.o")
-            _run(
-                [compiler, "-O3", "-std=c++17", "-fPIC", *flags, "-c"],
-                f"decode_{isa}.cpp",
-                objects[-1],
-            )
-        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        includes = [f"-I{p}" for p in include_paths()]
-        objects.append(f"{tmp}/ops.o")
-        ops_flags = ["-O2", "-std=c++20", "-fPIC", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-        _run([compiler, *ops_flags, *includes, "-c"], "decode_ops.cpp", objects[-1])
+        objects = [f"{tmp}/{name}" for name in sources]
+        # side by side: the operators' file, with torch's headers, takes as long as the others
+        _run_together(
+            [compiler, "-fPIC", *flags, "-c", str(SOURCE_DIR / source), "-o", obj]
+            for obj, (source, flags) in zip(objects, sources.values(), strict=True)
+        )
         linked = f"{tmp}/decode.so"
         libs = [f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-fopenmp", f"-Wl,-rpath,{torch_lib}"]
         subprocess.run([compiler, "-shared", *objects, "-o", linked, *libs], check=True)
@@ -235,8 +238,12 @@ def build(compiler: str, verbose: bool = False) -> Path:
     return target
 
 
-def _run(command: list[str], source: str, output: str) -> None:
-    subprocess.run([*command, str(SOURCE_DIR / source), "-o", output], check=True)
+def _run_together(commands: Iterable[list[str]]) -> None:
+    """Run the commands at once and wait for all; raise CalledProcessError for one that failed."""
+    processes = [(command, subprocess.Popen(command)) for command in commands]
+    failed = [(code, command) for command, process in processes if (code := process.wait())]
+    if failed:
+        raise subprocess.CalledProcessError(*failed[0])
 
 
 def _register_fakes() -> None:

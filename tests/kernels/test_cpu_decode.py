@@ -233,3 +233,14 @@ print("torch._dynamo" in sys.modules)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "False"
+
+
+def test_a_failed_compile_among_those_run_together_is_raised() -> None:
+    import subprocess
+    import sys
+
+    ok, fails = [sys.executable, "-c", "pass"], [sys.executable, "-c", "raise SystemExit(3)"]
+    cpu_decode._run_together([ok, ok])
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        cpu_decode._run_together([ok, fails, ok])
+    assert failure.value.returncode == 3 and failure.value.cmd == fails
