@@ -87,6 +87,25 @@ def test_without_a_compiler_compile_falls_back_to_eager(monkeypatch):
         assert use_compile(True, "meta") is True
 
 
+def test_the_compiler_is_the_one_inductor_uses(monkeypatch):
+    """$CXX when set, checked by running it: the name Inductor's config takes, found without
+    importing Inductor."""
+    from torch._inductor import config
+
+    monkeypatch.delenv("CXX", raising=False)
+    capability.cpp_compiler.cache_clear()
+    try:
+        assert capability.cpp_compiler() in (None, *filter(None, config.cpp.cxx))
+        monkeypatch.setenv("CXX", sys.executable)  # runs, so it counts as found
+        capability.cpp_compiler.cache_clear()
+        assert capability.cpp_compiler() == sys.executable
+        monkeypatch.setenv("CXX", "/nonexistent/c++")
+        capability.cpp_compiler.cache_clear()
+        assert capability.cpp_compiler() is None
+    finally:
+        capability.cpp_compiler.cache_clear()
+
+
 def test_off_glibc_the_allocator_is_left_alone(monkeypatch):
     from lmforge.train import compose
 
