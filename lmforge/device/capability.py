@@ -217,11 +217,19 @@ def cpp_compiler() -> str | None:
     for here without importing Inductor, which would load torch._dynamo (1.7 s) into every
     process that decodes."""
     compiler = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+    return compiler if compiler_version(compiler) is not None else None
+
+
+@functools.cache
+def compiler_version(compiler: str) -> str | None:
+    """What `compiler --version` prints, or None where it does not run."""
     try:
-        subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=60)
+        done = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    return compiler
+    return done.stdout
 
 
 def compile_unavailable(device: torch.device | str) -> str | None:

@@ -35,7 +35,13 @@ from pathlib import Path
 
 import torch
 
-from lmforge.device.capability import PROFILE_ENV, CpuCapability, cpp_compiler, cpu_capability
+from lmforge.device.capability import (
+    PROFILE_ENV,
+    CpuCapability,
+    compiler_version,
+    cpp_compiler,
+    cpu_capability,
+)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 ISA_FLAGS = {  # the instruction sets, widest first, and what their file is compiled with
@@ -191,7 +197,7 @@ def library_path(compiler: str) -> Path:
     digest = hashlib.sha256()
     for source in sorted(SOURCE_DIR.iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = compiler_version(compiler)
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{version}".encode())
     return kernel_dir() / f"decode-{digest.hexdigest()[:16]}.so"
 
