@@ -3,6 +3,7 @@ rounding the activations to int16), in every instruction set this CPU runs (AVX-
 has it, AVX2 forced on any x86-64 host), and every caller falls back to torch's ops where no
 kernel runs (the plain path ARM and Apple Silicon take)."""
 
+import concurrent.futures
 import dataclasses
 
 import pytest
@@ -51,6 +52,29 @@ def test_every_weight_format_equals_its_float_product(isa: str, rows: int) -> No
         q4 = quantize(w, "int4", group)
         got = cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, group, isa)
         close(got, F.linear(cpu_decode.integer_activations(x), q4.dequantize()))
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_threads_calling_the_integer_kernels_at_once_keep_their_own_rounded_x(isa: str) -> None:
+    """x is rounded into buffers each calling thread reuses: calls of different shapes from
+    several threads at once must each read their own."""
+    w = weight()
+    q8, q4 = quantize(w, "int8"), quantize(w, "int4", 64)
+    want = {}
+    for rows in (1, 3, 8, 11):
+        x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows))
+        ref = cpu_decode.integer_activations(x)
+        want[rows] = x, F.linear(ref, q8.dequantize()), F.linear(ref, q4.dequantize())
+
+    def products(rows: int) -> None:
+        x, int8, int4 = want[rows]
+        for _ in range(50):
+            close(cpu_decode.int8_mm(x, q8.qweight, q8.scales, isa), int8)
+            close(cpu_decode.int4_mm(x, q4.qweight, q4.scales, q4.zeros, 64, isa), int4)
+
+    with concurrent.futures.ThreadPoolExecutor(len(want)) as pool:
+        for done in [pool.submit(products, rows) for rows in want]:
+            done.result()
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
