@@ -11,7 +11,8 @@ the scheduler thread, one thread, interleaved repetitions, medians):
   kernel or dequantize-then-matmul at batch 8), the float head laid out as fp32's is;
 - "+ head": the same with the output head quantized too (`lmforge quantize --quantize-head`, and
   what llama.cpp's q8_0 and q4_0 files hold): the 134M model's fp32 head is 98 MB of the
-  183 MB an int8 step reads;
+  183 MB an int8 step reads, and it bounds int4-g128 with a float head at 3.0x fp32 (the
+  "planned" column: each step's weight bytes alone, read at one rate);
 - torchao: `quantize_(model, Int8WeightOnlyConfig())` on the same float model.
 Resident weight bytes are measured from the modules' tensors.
 
