@@ -99,6 +99,13 @@ class BlockPool:
         self.hit_tokens += len(blocks) * self.block_size
         return blocks
 
+    def cached_run(self, keys: Sequence[int]) -> int:
+        """How many of `keys`, first to last, `lookup` would find now (nothing held)."""
+        n = 0
+        while n < len(keys) and keys[n] in self._cached:
+            n += 1
+        return n
+
     def register(self, block: int, key: int) -> None:
         """Offer a full, computed block to later requests under its chain hash. A block whose
         tokens another block already caches stays private."""

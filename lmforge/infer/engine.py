@@ -10,10 +10,11 @@ one token per row with each request's own settings and generator, and `deliver` 
 into events. Finished and cancelled requests give their blocks back at once; a request the pool
 cannot hold any more is preempted and recomputed later, so none fails because others grew.
 
-Scoring jobs (`score`, `submit_score`: log-likelihoods of continuations, lmforge.infer.score)
-and weight loads (`load_weights`: an RL trainer's new weights, copied in place) queue beside
-the requests and run on the same thread between steps, since that thread alone runs the model;
-their result or error comes back through a concurrent Future.
+Scoring jobs (`score`, `submit_score`: log-likelihoods of continuations, over the same prefix
+cache, lmforge.infer.cached_score) and weight loads (`load_weights`: an RL trainer's new
+weights, copied in place) queue beside the requests and run on the same thread between steps,
+since that thread alone runs the model; their result or error comes back through a concurrent
+Future.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from lmforge.device.capability import use_compile
 from lmforge.errors import LmforgeError
 from lmforge.infer.blocks import BlockPool
+from lmforge.infer.cached_score import score_over_cache
 from lmforge.infer.kv_cache import PagedKVCache
 from lmforge.infer.output import (
     Completion,
@@ -45,7 +47,7 @@ from lmforge.infer.sampler import SamplingBatch, sample
 from lmforge.infer.sampling import check_sampling_args
 from lmforge.infer.scheduler import Scheduler
 from lmforge.infer.scheduler import Sequence as Tokens
-from lmforge.infer.score import TokenScores, score
+from lmforge.infer.score import TokenScores
 from lmforge.infer.speculative import DraftModelProposer, NgramProposer, accept
 from lmforge.infer.text_assembler import TextAssembler
 from lmforge.infer.weight_layouts import lay_out_for_decode, load_drafter
@@ -355,10 +357,12 @@ class Engine:
     def submit_score(
         self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], top_n: int = 0
     ) -> Future[list[TokenScores]]:
-        """Queue a scoring job (lmforge.infer.score.score of the engine's model) that the
-        engine's thread runs between decode steps. The Future gives the scores or the error;
-        `await asyncio.wrap_future(future)` waits without blocking an event loop, and
-        cancelling the Future before the job starts drops it."""
+        """Queue a scoring job that the engine's thread runs between decode steps: contexts
+        that share a beginning, or begin with blocks the prefix cache holds, compute only the
+        rest (lmforge.infer.cached_score), others as lmforge.infer.score.score does. The
+        Future gives the scores or the error; `await asyncio.wrap_future(future)` waits
+        without blocking an event loop, and cancelling the Future before the job starts drops
+        it."""
         if not 0 <= top_n <= self.vocab_size:
             raise LmforgeError(f"top_n={top_n} is invalid: use 0 .. {self.vocab_size}")
         pairs = [(list(context), list(continuation)) for context, continuation in requests]
@@ -368,7 +372,12 @@ class Engine:
                     f"scoring request {i} has token ids outside the model's vocabulary of "
                     f"{self.vocab_size}: encode it with the model's own tokenizer"
                 )
-        job = _Job(lambda model: score(model, pairs, top_n), Future())
+        job = _Job(
+            lambda model: score_over_cache(
+                self.runner, self.scheduler, pairs, top_n, companion=self.proposer
+            ),
+            Future(),
+        )
         self._enqueue(lambda: self._jobs.append(job))
         return job.future
 

@@ -126,19 +126,35 @@ class ModelRunner:
     def verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
         """Compute each sequence's newest token and its k drafts (all rows k long); the logits
         (len(seqs), k + 1, vocab) after each of them."""
-        self._batch = None  # this bind gathers a batch of its own
         tokens = [[s.tokens[-1], *d] for s, d in zip(seqs, drafts, strict=True)]
-        positions = [s.computed for s in seqs]
-        self.cache.bind(self._tables([s.blocks for s in seqs]), positions, len(tokens[0]))
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        logits = self.model(ids, self.cache)
-        self.cache.commit()
-        return logits
+        return self.extend([s.blocks for s in seqs], [s.computed for s in seqs], tokens)
 
-    @staticmethod
-    def _tables(tables: list[list[int]]) -> list[list[int]]:
-        width = max(len(t) for t in tables)
-        return [t + [NULL_BLOCK] * (width - len(t)) for t in tables]
+    def extend(
+        self,
+        tables: list[list[int]],
+        positions: list[int],
+        tokens: list[list[int]],
+        logits_at: torch.Tensor | None = None,
+        commit: bool = True,
+    ) -> torch.Tensor:
+        """Compute rows of tokens, each continuing its block table from its position: the
+        logits (rows, T, vocab) after each token, T the longest row (shorter ones are padded at
+        their end, which nothing before it sees), or after `logits_at` (the model's argument).
+        Without `commit` the new keys and values serve this forward alone and never reach the
+        pool, so rows may continue blocks they share; padding past a table's blocks goes to the
+        null block either way."""
+        self._batch = None  # this bind gathers a batch of its own
+        width = max(map(len, tokens))
+        size = self.cache.block_size
+        blocks = max(*(-(-(p + width) // size) for p in positions), *map(len, tables))
+        padded = [t + [NULL_BLOCK] * (blocks - len(t)) for t in tables]
+        self.cache.bind(padded, positions, width)
+        rows = [row + [0] * (width - len(row)) for row in tokens]
+        ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+        logits = self.model(ids, self.cache, logits_at=logits_at)
+        if commit:
+            self.cache.commit()
+        return logits
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids, self.cache)[:, -1]

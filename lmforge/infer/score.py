@@ -71,19 +71,9 @@ def score(
     here).
     """
     limit = model.config.max_seq_len
+    check_requests(requests, limit)
     trees: dict[tuple[int, ...], list[_Tree]] = {}
     for i, (context, continuation) in enumerate(requests):
-        if not context:
-            raise LmforgeError(
-                f"request {i} has an empty context: start it with a token (lm-eval uses the "
-                "end-of-text token)"
-            )
-        if len(context) + len(continuation) - 1 > limit:  # the last token is never input
-            raise LmforgeError(
-                f"request {i} has {len(context) + len(continuation)} tokens, more than the "
-                f"model's {limit}-token context holds (+1, the last token is only predicted): "
-                "left-truncate its context"
-            )
         key = tuple(context)
         branch = max(len(continuation) - 1, 0)
         row = trees.setdefault(key, [])
@@ -99,6 +89,22 @@ def score(
             for i, scores in _score_rows(model, ordered[start:stop], requests, top_n):
                 results[i] = scores
     return results  # type: ignore[return-value]
+
+
+def check_requests(requests: Sequence[tuple[Sequence[int], Sequence[int]]], limit: int) -> None:
+    """Refuse a request with no context, or one too long for a `limit`-token context window."""
+    for i, (context, continuation) in enumerate(requests):
+        if not context:
+            raise LmforgeError(
+                f"request {i} has an empty context: start it with a token (lm-eval uses the "
+                "end-of-text token)"
+            )
+        if len(context) + len(continuation) - 1 > limit:  # the last token is never input
+            raise LmforgeError(
+                f"request {i} has {len(context) + len(continuation)} tokens, more than the "
+                f"model's {limit}-token context holds (+1, the last token is only predicted): "
+                "left-truncate its context"
+            )
 
 
 def _batches(lengths: list[int], batch_tokens: int) -> list[tuple[int, int]]:
@@ -158,12 +164,13 @@ def _score_rows(
                 continue
             rest = logprobs[1 + offset : offset + len(continuation)]
             steps = torch.cat([logprobs[:1], rest])
-            out.append((i, _token_scores(steps, continuation, top_n)))
+            out.append((i, token_scores(steps, continuation, top_n)))
     return out
 
 
-def _token_scores(logprobs: torch.Tensor, tokens: list[int], top_n: int) -> TokenScores:
-    """Scores of `tokens` under per-position log-probabilities (len(tokens), vocab)."""
+def token_scores(logprobs: torch.Tensor, tokens: list[int], top_n: int) -> TokenScores:
+    """Scores of `tokens` under per-position log-probabilities (len(tokens), vocab): the
+    first predicted by the context's last position, each next one by the token before it."""
     target = torch.tensor(tokens, device=logprobs.device)
     chosen = logprobs.gather(1, target[:, None])[:, 0]
     greedy = logprobs.argmax(-1) == target

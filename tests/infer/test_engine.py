@@ -512,7 +512,7 @@ def test_scoring_errors_reach_the_caller_and_the_engine_goes_on(model, monkeypat
         def broken(*_args, **_kwargs):
             raise RuntimeError("out of memory")
 
-        monkeypatch.setattr(engine_module, "score", broken)
+        monkeypatch.setattr(engine_module, "score_over_cache", broken)
         future = engine.submit_score([([1], [2])])
         with pytest.raises(RuntimeError, match="out of memory"):
             future.result(timeout=10)
