@@ -1,7 +1,7 @@
 """The inference engine's paged KV cache, prefix caching and speculative decoding, each against
 the engine without it.
 
-Three parts, each run side by side in one process, in interleaved repetitions (medians and the
+Four parts, each run side by side in one process, in interleaved repetitions (medians and the
 median of per-repetition ratios are reported):
 
 - Prefix caching. A model with a 2,048-token context (random weights, d_model 256, 4 layers;
@@ -10,6 +10,15 @@ median of per-repetition ratios are reported):
    the system prompt is in the cache (one earlier request put it there, as a server's first
    chat does). Time to first token of each request is measured from submission; the engine
    with `prefix_caching=False` is the reference. Target: >= 5x lower with caching.
+
+- Scoring over the prefix cache. The same model scores a 5-shot multiple-choice job as an
+   evaluation sends it: 32 questions, each context the same 800 tokens of examples and its own
+   40-token question, 4 choices of 8 tokens (128 requests, one `Engine.score` call). The engine
+   with prefix caching computes the shared examples once and each question over them
+   (lmforge.infer.cached_score); with `prefix_caching=False` it scores each context whole,
+   packed with its choices (lmforge.infer.score), which is the reference. The cache is emptied
+   before each timed job, so only sharing inside the job counts. Reported: seconds a job, the
+   ratio, and the largest difference between the two sides' log-likelihoods.
 
 - Paged memory. At a fixed KV budget of 8 x 2,048 positions (what a slot cache needs for 8
    full contexts), 96 requests of mixed lengths (prompts 16-512 tokens, outputs 16-256, seeded)
@@ -108,6 +117,48 @@ def prefix_part(reps: int) -> dict:
         "mean_ttft_s_all": {name: [round(x, 4) for x in v] for name, v in runs.items()},
         "prefix_cache_hit_rate": round(hit_rate, 3),
         "ttft_uncached_over_cached": round(statistics.median(ratios), 2),
+    }
+
+
+def scoring_part(reps: int) -> dict:
+    model = random_model()
+    rng = random.Random(0)
+    examples = [rng.randrange(4096) for _ in range(800)]
+    requests = []
+    for _ in range(32):
+        context = examples + [rng.randrange(4096) for _ in range(40)]
+        requests += [(context, [rng.randrange(4096) for _ in range(8)]) for _ in range(4)]
+    engines = {
+        "cached": Engine(model, Bytes(), prefix_caching=True),
+        "uncached": Engine(model, Bytes(), prefix_caching=False),
+    }
+    runs: dict[str, list[float]] = {name: [] for name in engines}
+    scores = {}
+    for _ in range(reps):
+        for name, engine in engines.items():
+            engine.scheduler.pool.clear_cache()  # the engine is idle: only this job's sharing
+            started = time.perf_counter()
+            scores[name] = engine.score(requests)
+            runs[name].append(time.perf_counter() - started)
+    for engine in engines.values():
+        engine.close()
+    diff = max(
+        abs(a - b)
+        for x, y in zip(scores["cached"], scores["uncached"], strict=True)
+        for a, b in zip(x.logprobs, y.logprobs, strict=True)
+    )
+    ratios = [u / c for u, c in zip(runs["uncached"], runs["cached"], strict=True)]
+    return {
+        "questions": 32,
+        "choices": 4,
+        "shared_tokens": 800,
+        "question_tokens": 40,
+        "choice_tokens": 8,
+        "context": 2048,
+        "job_s": {name: round(statistics.median(v), 4) for name, v in runs.items()},
+        "job_s_all": {name: [round(x, 4) for x in v] for name, v in runs.items()},
+        "max_abs_logprob_diff": diff,
+        "uncached_over_cached": round(statistics.median(ratios), 2),
     }
 
 
@@ -231,7 +282,7 @@ def main() -> None:
     parser.add_argument("--spec-prompts", type=int, default=8)
     parser.add_argument("--spec-prompt-tokens", type=int, default=128)
     parser.add_argument("--spec-new-tokens", type=int, default=64)
-    parser.add_argument("--parts", default="prefix,paged,speculative")
+    parser.add_argument("--parts", default="prefix,scoring,paged,speculative")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     parts = args.parts.split(",")
@@ -247,6 +298,9 @@ def main() -> None:
     if "prefix" in parts:
         out["prefix_caching"] = prefix_part(args.reps)
         print("prefix caching:", out["prefix_caching"]["mean_ttft_s"])
+    if "scoring" in parts:
+        out["scoring"] = scoring_part(args.reps)
+        print("scoring over the prefix cache:", out["scoring"]["job_s"])
     if "paged" in parts:
         out["paged_memory"] = paged_part()
         print("paged memory:", out["paged_memory"])
@@ -265,6 +319,8 @@ def main() -> None:
         **previous.get("ratios", {}),
         **({"ttft_uncached_over_cached": out["prefix_caching"]["ttft_uncached_over_cached"]}
            if "prefix_caching" in out else {}),
+        **({"scoring_uncached_over_cached": out["scoring"]["uncached_over_cached"]}
+           if "scoring" in out else {}),
         **({"concurrent_vs_slot_cache": out["paged_memory"]["concurrent_vs_slot_cache"]}
            if "paged_memory" in out else {}),
         **({f"{r['side']} vs plain, {r['threads']} thread(s)": r["vs_plain"]

@@ -3,23 +3,24 @@ common beginning once and reuse what the prefix cache already holds.
 
 Evaluation contexts often share a long beginning: a few-shot task puts the same examples
 before every question, a chat evaluation the same system prompt. lmforge.infer.score packs
-each distinct context with its continuations into one row, so it computes every context whole.
-Here a context that has a full block (lmforge.infer.blocks) in common with another context of
-the job, or one the pool has cached, goes over the engine's cache instead:
+each distinct context with its continuations into one row, a tree, so it computes every
+context whole. Here a context that has a full block (lmforge.infer.blocks) in common with
+another context of the job, or with a block the pool has cached, goes over the engine's cache:
 
 1. each prefix of full blocks that two or more contexts share is computed once, shortest first
    (a longer one then reuses a shorter one's blocks), and registered in the prefix cache;
-2. each context takes its cached blocks and computes only the rest, several contexts to a
-   forward; its last position's logits predict its continuations' first tokens;
-3. each continuation but its last token continues its context in a row of its own, reading the
-   context's blocks; its keys and values serve that forward alone (`ModelRunner.extend` without
-   commit: no one extends a scored continuation), so a context's rows share its blocks
-   without copying them.
+2. each context takes its cached blocks and computes the rest in one row with its
+   continuations (all but their last tokens) as branches after it, the same tree as
+   score.py's, continuing the cache (`Transformer(..., branches=...)` with a kv_cache); rows of
+   several contexts fill each forward. The context's last position predicts each
+   continuation's first token.
 
-The full blocks computed here stay cached for later requests and jobs. Contexts with nothing
-shared or cached keep score.py's trees: one forward computes them and their continuations
-together, which nothing here would make cheaper. So do contexts the pool has no free blocks
-for while the engine's requests hold them.
+The context's keys and values go into its blocks, and its full blocks stay cached for later
+requests and jobs; its branches' land past its end, in its private last block or the null
+block, which nothing reads. Contexts with nothing shared or cached keep score.py's trees,
+which compute the same row without gathering a cache; so do contexts the pool has no free
+blocks for while the engine's requests hold them, and contexts that fill the model's window
+(no position is left after them for a padding branch).
 """
 
 from __future__ import annotations
@@ -31,11 +32,20 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from lmforge.infer.scheduler import Sequence as Tokens
-from lmforge.infer.score import BATCH_TOKENS, TokenScores, check_requests, score, token_scores
+from lmforge.infer.score import (
+    BATCH_TOKENS,
+    TokenScores,
+    check_requests,
+    row_batches,
+    score,
+    token_scores,
+)
 
 if TYPE_CHECKING:
     from lmforge.infer.runner import ModelRunner
     from lmforge.infer.scheduler import Scheduler
+
+Requests = Sequence[tuple[Sequence[int], Sequence[int]]]
 
 
 class Companion(Protocol):
@@ -49,7 +59,7 @@ class Companion(Protocol):
 def score_over_cache(
     runner: ModelRunner,
     scheduler: Scheduler,
-    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    requests: Requests,
     top_n: int = 0,
     batch_tokens: int = BATCH_TOKENS,
     companion: Companion | None = None,
@@ -75,7 +85,7 @@ class _Job:
         self,
         runner: ModelRunner,
         scheduler: Scheduler,
-        requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+        requests: Requests,
         top_n: int,
         batch_tokens: int,
         companion: Companion | None,
@@ -83,23 +93,22 @@ class _Job:
         self.runner, self.scheduler, self.pool = runner, scheduler, scheduler.pool
         self.requests, self.top_n, self.batch_tokens = requests, top_n, batch_tokens
         self.companion = companion
-        self.limit = runner.model.config.max_seq_len
         self.results: list[TokenScores | None] = [None] * len(requests)
-        self.owners: dict[tuple[int, ...], list[int]] = {}
+        self.owners: dict[tuple[int, ...], list[int]] = {}  # context -> its requests
         for i, (context, _) in enumerate(requests):
             self.owners.setdefault(tuple(context), []).append(i)
         self.done: set[tuple[int, ...]] = set()  # contexts scored here
-        self._reused: dict[tuple[int, ...], int] = {}  # blocks each context should find cached
+        self._reused: dict[Tokens, int] = {}  # blocks each context should find cached
 
     def reusable(self) -> list[Tokens]:
         """The contexts worth computing over the cache, after computing (and caching) every
         prefix of full blocks that two or more of them share."""
         size = self.pool.block_size
-        seqs = [Tokens(list(c)) for c in self.owners]
+        limit = self.runner.model.config.max_seq_len
+        seqs = [Tokens(list(c)) for c in self.owners if len(c) < limit]
         keys = [s.block_keys((len(s.tokens) - 1) // size, size) for s in seqs]
         counts = Counter(k for row in keys for k in row)
         prefixes: dict[int, list[int]] = {}
-        out = []
         for seq, row in zip(seqs, keys, strict=True):
             # A chain hash covers every block before it, so a key's count is at least that of
             # every key after it: the shared keys are a run from the first.
@@ -108,14 +117,15 @@ class _Job:
             if shared > cached:
                 prefixes[row[shared - 1]] = seq.tokens[: shared * size]
             if max(shared, cached):
-                self._reused[tuple(seq.tokens)] = max(shared, cached)
-                out.append(seq)
+                self._reused[seq] = max(shared, cached)
         for tokens in sorted(prefixes.values(), key=len):
             prefix = Tokens(tokens)
-            if self._admit([prefix], logits=False):
-                self._prefill([prefix])
-                self._release([prefix])
-        return out
+            if self._admit([prefix], logits=False) and prefix.pending:
+                start = prefix.computed
+                self.runner.extend([prefix.blocks], [start], [tokens[start:]])
+                self._computed(prefix, start)
+            self._release([prefix])
+        return [seq for seq in seqs if seq in self._reused]
 
     def chunks(self, seqs: list[Tokens]) -> list[list[Tokens]]:
         """The contexts in groups whose uncached blocks take at most half the free pool (at
@@ -125,7 +135,7 @@ class _Job:
         out: list[list[Tokens]] = []
         used = 0
         for seq in seqs:
-            need = -(-len(seq.tokens) // size) - self._reused[tuple(seq.tokens)]
+            need = -(-len(seq.tokens) // size) - self._reused[seq]
             if not out or used + need > budget:
                 out.append([])
                 used = 0
@@ -134,33 +144,41 @@ class _Job:
         return out
 
     def run(self, seqs: list[Tokens]) -> None:
-        """Score the requests of these contexts, each context's cached blocks reused."""
+        """Score the requests of these contexts: each context's uncached tokens and its
+        continuations in one tree row, longest rows first, `batch_tokens` to a forward."""
         admitted = self._admit(seqs, logits=True)
-        firsts = self._prefill(admitted)
-        rows: list[tuple[Tokens, int]] = []  # (context, request) of each continuation row
-        for seq in admitted:
-            context = tuple(seq.tokens)
-            self.done.add(context)
-            for i in self.owners[context]:
-                if len(self.requests[i][1]) > 1:
-                    rows.append((seq, i))
-        rest = self._extend_all(
-            [seq.blocks for seq, _ in rows],
-            [len(seq.tokens) for seq, _ in rows],
-            [list(self.requests[i][1][:-1]) for _, i in rows],
-            commit=False,
-        )
-        later = {i: logits for (_, i), logits in zip(rows, rest, strict=True)}
-        for seq, first in zip(admitted, firsts, strict=True):
-            for i in self.owners[tuple(seq.tokens)]:
-                continuation = list(self.requests[i][1])
-                if not continuation:
-                    self.results[i] = TokenScores([], [], [] if self.top_n else None)
-                    continue
-                steps = first[None] if i not in later else torch.cat([first[None], later[i]])
-                logprobs = steps.float().log_softmax(-1)
-                self.results[i] = token_scores(logprobs, continuation, self.top_n)
+        trees = [_Tree(seq, self.requests, self.owners[tuple(seq.tokens)]) for seq in admitted]
+        trees.sort(key=lambda t: -len(t.tokens))
+        for start, stop in row_batches([len(t.tokens) for t in trees], self.batch_tokens):
+            batch = trees[start:stop]
+            width = max(len(t.tokens) for t in batch)
+            n = max(len(t.tokens) - t.trunk + 1 for t in batch)  # predicting positions
+            first = torch.tensor([t.trunk - 1 for t in batch])
+            logits_at = (first[:, None] + torch.arange(n)).clamp(max=width - 1)
+            logits = self.runner.extend(
+                [t.seq.blocks for t in batch],
+                [t.seq.computed for t in batch],
+                [t.tokens for t in batch],
+                logits_at.to(self.runner.device),
+                [t.branches for t in batch],
+            )
+            for tree, row in zip(batch, logits, strict=True):
+                self._score(tree, row.float().log_softmax(-1))
+                self._computed(tree.seq, tree.seq.computed)
+                self.done.add(tuple(tree.seq.tokens))
         self._release(admitted)
+
+    def _score(self, tree: _Tree, logprobs: torch.Tensor) -> None:
+        """Each request's scores from its tree row's log-probabilities, which start at the
+        context's last position."""
+        for i, offset in zip(tree.requests, tree.offsets, strict=True):
+            continuation = list(self.requests[i][1])
+            if not continuation:
+                self.results[i] = TokenScores([], [], [] if self.top_n else None)
+                continue
+            rest = logprobs[1 + offset : offset + len(continuation)]
+            steps = torch.cat([logprobs[:1], rest])
+            self.results[i] = token_scores(steps, continuation, self.top_n)
 
     def _admit(self, seqs: list[Tokens], logits: bool) -> list[Tokens]:
         """Give each sequence its cached blocks (all looked up before any block is taken, so
@@ -182,26 +200,12 @@ class _Job:
             admitted.append(seq)
         return admitted
 
-    def _prefill(self, seqs: list[Tokens]) -> list[torch.Tensor]:
-        """Compute each sequence's uncached tokens into its blocks and offer its full blocks
-        to the prefix cache: the logits (vocab,) after its last token (or none, when all
-        were cached)."""
-        has = [s.pending > 0 for s in seqs]
-        pending = [s for s, h in zip(seqs, has, strict=True) if h]
-        computed = self._extend_all(
-            [s.blocks for s in pending],
-            [s.computed for s in pending],
-            [s.tokens[s.computed :] for s in pending],
-            commit=True,
-            last_only=True,
-        )
-        for seq in pending:
-            start = seq.computed
-            self.scheduler.computed(seq, seq.pending)
-            if self.companion is not None:
-                self.companion.prefill(seq, start, seq.computed)
-        last = iter(computed)
-        return [next(last)[0] if h else None for h in has]  # type: ignore[misc]
+    def _computed(self, seq: Tokens, start: int) -> None:
+        """seq's tokens from `start` on are in its blocks: offer its full ones to the prefix
+        cache, and let the companion compute the same chunk."""
+        self.scheduler.computed(seq, len(seq.tokens) - seq.computed)
+        if self.companion is not None:
+            self.companion.prefill(seq, start, len(seq.tokens))
 
     def _release(self, seqs: list[Tokens]) -> None:
         for seq in seqs:
@@ -210,49 +214,20 @@ class _Job:
             if self.companion is not None:
                 self.companion.forget(seq)
 
-    def _extend_all(
-        self,
-        tables: list[list[int]],
-        positions: list[int],
-        tokens: list[list[int]],
-        commit: bool,
-        last_only: bool = False,
-    ) -> list[torch.Tensor]:
-        """`ModelRunner.extend` over rows packed into forwards of at most `batch_tokens`
-        padded tokens: each row's logits (len(row), vocab), or (1, vocab) after its last."""
-        out: list[torch.Tensor | None] = [None] * len(tokens)
-        for batch in _forwards(positions, [len(t) for t in tokens], self.batch_tokens, self.limit):
-            rows = [tokens[i] for i in batch]
-            logits_at = torch.tensor([len(r) - 1 for r in rows]) if last_only else None
-            logits = self.runner.extend(
-                [tables[i] for i in batch],
-                [positions[i] for i in batch],
-                rows,
-                None if logits_at is None else logits_at.to(self.runner.device),
-                commit,
-            )
-            for i, row_logits, row in zip(batch, logits, rows, strict=True):
-                out[i] = row_logits if last_only else row_logits[: len(row)]
-        return out  # type: ignore[return-value]
 
+class _Tree:
+    """A context's row once admitted: its uncached tokens (the trunk), then each continuation
+    but its last token as a branch; `offsets`: where each request's branch starts, counted from
+    the trunk's end."""
 
-def _forwards(
-    positions: list[int], lengths: list[int], batch_tokens: int, limit: int
-) -> list[list[int]]:
-    """Rows (their indices) for each forward, longest first: at most `batch_tokens` tokens
-    once padded to its longest row (one row at least), and no row padded past position
-    `limit` (the model's context)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out = []
-    while order:
-        width = lengths[order[0]]
-        room = max(1, batch_tokens // width)
-        batch, rest = [], []
-        for i in order:
-            if len(batch) < room and positions[i] + width <= limit:
-                batch.append(i)
-            else:
-                rest.append(i)
-        out.append(batch)
-        order = rest
-    return out
+    def __init__(self, seq: Tokens, requests: Requests, owners: list[int]) -> None:
+        self.seq, self.requests = seq, owners
+        self.trunk = len(seq.tokens) - seq.computed
+        self.tokens = seq.tokens[seq.computed :]
+        self.branches = [0] * self.trunk
+        self.offsets: list[int] = []
+        for branch, i in enumerate(owners, start=1):
+            tail = list(requests[i][1][:-1])
+            self.offsets.append(len(self.tokens) - self.trunk)
+            self.tokens += tail
+            self.branches += [branch] * len(tail)

@@ -135,14 +135,15 @@ class ModelRunner:
         positions: list[int],
         tokens: list[list[int]],
         logits_at: torch.Tensor | None = None,
+        branches: list[list[int]] | None = None,
         commit: bool = True,
     ) -> torch.Tensor:
         """Compute rows of tokens, each continuing its block table from its position: the
-        logits (rows, T, vocab) after each token, T the longest row (shorter ones are padded at
-        their end, which nothing before it sees), or after `logits_at` (the model's argument).
-        Without `commit` the new keys and values serve this forward alone and never reach the
-        pool, so rows may continue blocks they share; padding past a table's blocks goes to the
-        null block either way."""
+        logits (rows, T, vocab) after each token, T the longest row, or after `logits_at` (the
+        model's argument). Shorter rows are padded at their end, which nothing before it sees;
+        with `branches` (the model's argument, a trunk and its branches per row) each padding
+        token is a branch of its own, placed at the trunk's end. Keys and values past a table's
+        blocks go to the null block; without `commit` none reach the pool."""
         self._batch = None  # this bind gathers a batch of its own
         width = max(map(len, tokens))
         size = self.cache.block_size
@@ -151,7 +152,17 @@ class ModelRunner:
         self.cache.bind(padded, positions, width)
         rows = [row + [0] * (width - len(row)) for row in tokens]
         ids = torch.tensor(rows, dtype=torch.long, device=self.device)
-        logits = self.model(ids, self.cache, logits_at=logits_at)
+        tree = None
+        if branches is not None:
+            tree = torch.tensor(
+                [
+                    row + list(range(max(row) + 1, max(row) + 1 + width - len(row)))
+                    for row in branches
+                ],
+                dtype=torch.long,
+                device=self.device,
+            )
+        logits = self.model(ids, self.cache, logits_at=logits_at, branches=tree)
         if commit:
             self.cache.commit()
         return logits

@@ -63,12 +63,16 @@ def causal_attention(
     (B,) gives each row its own position; keys past a row's own are then masked out.
     `segments` (B, T) numbers the documents packed in each row; each then attends only to
     itself, and `branches` (B, T) splits each into a trunk and its branches
-    (`document_attention`).
+    (`document_attention`). `branches` alone, after keys a cache holds (start > 0), splits the
+    queries the same way: every one sees all the cached keys (`cached_tree_mask`).
     """
     if segments is not None:
         return document_attention(q, k, v, segments, branches)
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
+    if branches is not None:
+        mask = cached_tree_mask(start, branches, s)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     mask = None
     if isinstance(start, torch.Tensor):
         last = start[:, None, None, None] + torch.arange(t, device=q.device)[:, None]
@@ -96,6 +100,19 @@ def document_mask(segments: torch.Tensor, branches: torch.Tensor | None = None) 
     if branches is not None:
         mask &= (branches[:, None, :] == 0) | (branches[:, :, None] == branches[:, None, :])
     return mask[:, None]
+
+
+def cached_tree_mask(start: int | torch.Tensor, branches: torch.Tensor, s: int) -> torch.Tensor:
+    """(B, 1, T, S): T new queries, a trunk and its branches (`branches` (B, T)), written at
+    key positions start .. start+T-1 (an int, or one per row (B,)) of S: each sees every key
+    before start, and of the new ones those `document_mask` lets it see."""
+    b, t = branches.shape
+    new = document_mask(torch.zeros_like(branches), branches)[:, 0]  # (B, T, T)
+    first = start[:, None] if isinstance(start, torch.Tensor) else start
+    j = (torch.arange(s, device=branches.device) - first).expand(b, s)  # index among the new
+    inside = (j >= 0) & (j < t)
+    seen = new.gather(2, j.clamp(0, t - 1)[:, None, :].expand(b, t, s)) & inside[:, None, :]
+    return (seen | (j < 0)[:, None, :])[:, None]
 
 
 def segment_positions(segments: torch.Tensor, branches: torch.Tensor | None = None) -> torch.Tensor:

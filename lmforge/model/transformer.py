@@ -86,15 +86,20 @@ class Transformer(nn.Module):
         and conversations; with RoPE, restarting positions changes nothing, since attention
         inside a document sees only relative offsets). branches (B, T) makes each document a
         trunk (branch 0, first) and branches that each continue it alone (`segment_positions`):
-        a row then holds a context and all its continuations. With targets (B, T) it returns
+        a row then holds a context and all its continuations; with a kv_cache, branches alone
+        make the new tokens such a tree continuing what the cache holds (scoring continuations
+        of a cached context). With targets (B, T) it returns
         their mean cross-entropy (-100: no loss) instead, from the head and loss fused chunk by
         chunk, so the (B·T, vocab) logits never exist at once.
         """
         b, t = ids.shape
         start = 0 if kv_cache is None else kv_cache.pos  # an int, or per-row LongTensor (B,)
-        if branches is not None and segments is None:
+        if kv_cache is not None and segments is not None:
+            raise LmforgeError("packed documents (segments) are for training: pass no kv_cache")
+        if branches is not None and kv_cache is None and segments is None:
             segments = torch.zeros_like(branches)
-        if segments is None and isinstance(start, int) and start + t > self.config.max_seq_len:
+        unpacked = segments is None and branches is None
+        if unpacked and isinstance(start, int) and start + t > self.config.max_seq_len:
             raise LmforgeError(
                 f"sequence of {start + t} tokens exceeds model.max_seq_len="
                 f"{self.config.max_seq_len}: pass shorter inputs or raise max_seq_len"
@@ -102,12 +107,13 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.check_fits(b, t)
         h = self.tok_embeddings(ids)
-        if segments is None:
-            cos, sin = self.rope(start, t)
-        elif kv_cache is not None:
-            raise LmforgeError("packed documents (segments) are for training: pass no kv_cache")
-        else:
+        if segments is not None:
             cos, sin = self.rope.at(self._packed_positions(segments, branches))
+        elif branches is not None:  # a tree after the cache: positions from its first new key
+            first = start[:, None] if isinstance(start, torch.Tensor) else start
+            cos, sin = self.rope.at(first + segment_positions(torch.zeros_like(branches), branches))
+        else:
+            cos, sin = self.rope(start, t)
         for layer in self.layers:
             h = layer(h, cos, sin, kv_cache, segments, branches)
         if logits_at is not None:

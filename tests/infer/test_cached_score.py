@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from lmforge.infer.cached_score import _forwards
+from lmforge.infer.cached_score import score_over_cache
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.score import score
 from lmforge.model import ModelConfig, Transformer
@@ -60,14 +60,14 @@ def assert_same_scores(got, want, atol=1e-5):
 
 
 def count_computed(engine: Engine) -> list[int]:
-    """The tokens each forward over the cache computes into it (rows' real tokens), recorded."""
+    """The context tokens each forward over the cache computes (its rows' trunks), recorded."""
     computed = []
     extend = engine.runner.extend
 
-    def spy(tables, positions, tokens, logits_at=None, commit=True):
-        if commit:
-            computed.append(sum(map(len, tokens)))
-        return extend(tables, positions, tokens, logits_at, commit)
+    def spy(tables, positions, tokens, logits_at=None, branches=None, commit=True):
+        trunks = map(len, tokens) if branches is None else (row.count(0) for row in branches)
+        computed.append(sum(trunks))
+        return extend(tables, positions, tokens, logits_at, branches, commit)
 
     engine.runner.extend = spy
     return computed
@@ -160,12 +160,19 @@ def test_blocks_cached_by_scoring_hold_the_draft_models_keys_too(model):
     assert got == want
 
 
-def test_forwards_pack_rows_by_token_budget_and_never_pad_past_the_context():
-    positions, lengths = [0, 100, 10, 120, 0], [30, 5, 30, 5, 1]
-    batches = _forwards(positions, lengths, batch_tokens=64, limit=128)
-    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
-    for batch in batches:
-        width = max(lengths[i] for i in batch)
-        assert len(batch) == 1 or len(batch) * width <= 64
-        assert all(positions[i] + width <= 128 for i in batch)
-    assert [0, 2] in batches  # the two 30-token rows share a forward
+def test_contexts_that_fill_the_window_are_scored_whole(model):
+    """No position is left after such a context for a padding branch: score.py's trees."""
+    limit = model.config.max_seq_len
+    requests = [([3] * limit, [4]), ([3] * limit, [5]), ([3] * 20, [6, 7])]
+    with Engine(model, NoSpecials()) as engine:
+        computed = count_computed(engine)
+        got = engine.score(requests, top_n=2)
+    assert computed == []
+    assert_same_scores(got, score(model, requests, top_n=2))
+
+
+def test_rows_are_packed_by_the_token_budget_and_equal_scoring_whole(model):
+    requests = few_shot(0, questions=9)
+    with Engine(model, NoSpecials()) as engine:
+        got = score_over_cache(engine.runner, engine.scheduler, requests, 2, batch_tokens=64)
+    assert_same_scores(got, score(model, requests, top_n=2))

@@ -7,6 +7,7 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.model import ModelConfig, Transformer
 from lmforge.model.attention import document_mask, segment_positions
+from lmforge.model.cache import KVCache
 
 
 def model(max_seq_len: int = 16) -> Transformer:
@@ -67,3 +68,23 @@ def test_a_row_may_exceed_the_window_while_its_positions_do_not():
     too_far = torch.tensor([[0] * 9 + [1, 1, 1]])  # a trunk of 9 passes position 7
     with pytest.raises(LmforgeError, match="past model.max_seq_len=8"):
         m(row, branches=too_far)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_a_tree_after_a_kv_cache_computes_what_the_whole_tree_does(per_row):
+    """The cache holds the context's first tokens; the rest of the context and the branches
+    come as one tree (a scored context whose beginning was cached)."""
+    m = model()
+    context, tails = [3, 4, 5, 6, 7], [[8, 9, 10], [11], [12, 13]]
+    cached = 3
+    tree = context[cached:] + [t for tail in tails for t in tail]
+    branches = [0] * (len(context) - cached) + [b for b, t in enumerate(tails, 1) for _ in t]
+    whole_branches = [0] * cached + branches
+    cache = KVCache(2, 1, 2, 16, 8)
+    with torch.no_grad():
+        whole = m(torch.tensor([context[:cached] + tree]), branches=torch.tensor([whole_branches]))
+        m(torch.tensor([context[:cached]]), cache)
+        if per_row:
+            cache.pos = torch.tensor([cache.pos])
+        after = m(torch.tensor([tree]), cache, branches=torch.tensor([branches]))
+    torch.testing.assert_close(after[0], whole[0, cached:])
