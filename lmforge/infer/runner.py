@@ -153,15 +153,10 @@ class ModelRunner:
         rows = [row + [0] * (width - len(row)) for row in tokens]
         ids = torch.tensor(rows, dtype=torch.long, device=self.device)
         tree = None
-        if branches is not None:
-            tree = torch.tensor(
-                [
-                    row + list(range(max(row) + 1, max(row) + 1 + width - len(row)))
-                    for row in branches
-                ],
-                dtype=torch.long,
-                device=self.device,
-            )
+        if branches is not None:  # padding: one new branch a token
+            pads = [range(max(row) + 1, max(row) + 1 + width - len(row)) for row in branches]
+            rows = [[*row, *pad] for row, pad in zip(branches, pads, strict=True)]
+            tree = torch.tensor(rows, dtype=torch.long, device=self.device)
         logits = self.model(ids, self.cache, logits_at=logits_at, branches=tree)
         if commit:
             self.cache.commit()
