@@ -68,6 +68,37 @@ def spawn_group(world_size: int, runs: list[dict], shard_dir, tmp: Path, timeout
     return procs, outputs
 
 
+def run_ranks(script: Path, args: list[str], world_size: int = 2, timeout: float = 120) -> None:
+    """Run `script args` as the `world_size` ranks of a group on this machine, as `torchrun
+    --standalone --nproc-per-node=world_size` would start them (RANK, WORLD_SIZE, MASTER_ADDR
+    and MASTER_PORT for `init_process_group`), without torchrun's own process and rendezvous:
+    about 2 s less a group. Fails with each rank's output if a rank fails or hangs."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=launch_env(rank, world_size, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    failed = [
+        f"rank {rank}:\n{out[-3000:]}"
+        for rank, (p, out) in enumerate(zip(procs, outputs, strict=True))
+        if p.returncode
+    ]
+    assert not failed, "\n".join(failed)
+
+
 class Launcher:
     """What the parallel tests share: the tiny model and run settings, the shards, and
     `spawn` (a process group) and `single` (a run in this process) on them."""

@@ -6,7 +6,6 @@ counted per scenario as JSON and the tests check those numbers.
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,9 +22,9 @@ F32 = 4
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("comm_count")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={WORLD}", __file__, str(out)]
-    subprocess.run(cmd, check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    from tests.parallel.conftest import run_ranks  # here: the ranks run this file as a script
+
+    run_ranks(Path(__file__), [str(out)], WORLD)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

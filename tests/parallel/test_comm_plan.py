@@ -7,7 +7,6 @@ same step from the model's shape alone. The issue asks for agreement within 5%.
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -40,9 +39,9 @@ CASES = {
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("comm_plan")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={WORLD}", __file__, str(out)]
-    subprocess.run(cmd, check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    from tests.parallel.conftest import run_ranks  # here: the ranks run this file as a script
+
+    run_ranks(Path(__file__), [str(out)], WORLD)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert ranks[0] == ranks[1]  # every strategy here moves the same bytes on every rank
     return ranks[0]

@@ -8,8 +8,6 @@ gradients are compared with the full model's gradients over every rank's rows.
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,9 +37,9 @@ def rank_rows(rank: int) -> tuple[torch.Tensor, list[int]]:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("expert_parallel")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={WORLD}", __file__, str(out)]
-    subprocess.run(cmd, check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    from tests.parallel.conftest import run_ranks  # here: the ranks run this file as a script
+
+    run_ranks(Path(__file__), [str(out)], WORLD)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
