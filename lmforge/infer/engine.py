@@ -398,8 +398,11 @@ class Engine:
             raise LmforgeError(
                 f"{len(prompts)} prompts but {len(params)} sampling settings: pass one per prompt"
             )
-        handles = [self.submit(p, s) for p, s in zip(prompts, params, strict=True)]
-        return [h.result() for h in handles]
+        requests = [self._request(p, s) for p, s in zip(prompts, params, strict=True)]
+        # queued at once, so that the first steps see them all (the batches do not depend on
+        # when the engine's thread wakes up)
+        self._enqueue(lambda: self._incoming.extend(requests))
+        return [r.handle.result() for r in requests]
 
     def load_weights(self, source: torch.nn.Module) -> None:
         """Copy `source`'s parameters and buffers (a model of the same shape, e.g. the one a

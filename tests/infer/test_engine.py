@@ -17,6 +17,7 @@ from lmforge.infer.sampling import apply_penalties
 from lmforge.infer.score import score
 from lmforge.infer.weight_layouts import PackedLinear, StreamedLinear
 from lmforge.model import ModelConfig, Transformer
+from lmforge.threads import using_threads
 
 EOT = 256
 
@@ -355,13 +356,17 @@ def test_compiled_decode_step_gives_the_same_tokens_compiling_once_per_row_count
     model = Transformer(config).eval()
     params = [SamplingParams(max_tokens=40, temperature=0), SamplingParams(max_tokens=8, seed=3)]
     prompts = [[1, 2], [3, 4, 5, 6]]
-    with Engine(model, ByteTokenizer(), max_batch_size=2) as engine:
+    tokenizer = ByteTokenizer()
+    tokenizer.special_tokens = {}  # every request runs to max_tokens
+    with Engine(model, tokenizer, max_batch_size=2) as engine:
         eager = engine.generate(prompts, params)
     counters.clear()
-    with Engine(model, ByteTokenizer(), max_batch_size=2, compile=True) as engine:
+    # two threads: the 1-row step's first steps are timed at 2 threads, then at 1 (ThreadTrial)
+    with using_threads(2), Engine(model, tokenizer, max_batch_size=2, compile=True) as engine:
         compiled = engine.generate(prompts, params)
+        assert engine.runner.thread_trials[1].times.keys() == {1, 2}
     assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]
-    assert counters["stats"]["unique_graphs"] == 2  # not one per context length
+    assert counters["stats"]["unique_graphs"] == 2  # not one per context length or thread count
 
 
 @pytest.mark.parametrize(
