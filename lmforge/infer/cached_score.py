@@ -36,7 +36,6 @@ from lmforge.infer.score import (
     BATCH_TOKENS,
     TokenScores,
     check_requests,
-    row_batches,
     score,
     token_scores,
 )
@@ -69,8 +68,9 @@ def score_over_cache(
     check_requests(requests, runner.model.config.max_seq_len)
     job = _Job(runner, scheduler, requests, top_n, batch_tokens, companion)
     if scheduler.prefix_caching:
-        for chunk in job.chunks(job.reusable()):
-            job.run(chunk)
+        with torch.inference_mode():
+            for chunk in job.chunks(job.reusable()):
+                job.run(chunk)
     alone = [i for c, owners in job.owners.items() if c not in job.done for i in owners]
     scored = score(runner.model, [requests[i] for i in alone], top_n, batch_tokens)
     for i, scores in zip(alone, scored, strict=True):
@@ -145,12 +145,13 @@ class _Job:
 
     def run(self, seqs: list[Tokens]) -> None:
         """Score the requests of these contexts: each context's uncached tokens and its
-        continuations in one tree row, longest rows first, `batch_tokens` to a forward."""
+        continuations in one tree row, several rows to a forward (`ModelRunner.forwards`)."""
         admitted = self._admit(seqs, logits=True)
         trees = [_Tree(seq, self.requests, self.owners[tuple(seq.tokens)]) for seq in admitted]
-        trees.sort(key=lambda t: -len(t.tokens))
-        for start, stop in row_batches([len(t.tokens) for t in trees], self.batch_tokens):
-            batch = trees[start:stop]
+        lengths = [len(t.tokens) for t in trees]
+        ends = [t.seq.computed + len(t.tokens) for t in trees]
+        for group in self.runner.forwards(lengths, ends, self.batch_tokens):
+            batch = [trees[i] for i in group]
             width = max(len(t.tokens) for t in batch)
             n = max(len(t.tokens) - t.trunk + 1 for t in batch)  # predicting positions
             first = torch.tensor([t.trunk - 1 for t in batch])

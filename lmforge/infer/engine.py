@@ -542,11 +542,16 @@ class Engine:
         step = self.scheduler.schedule()
         ready: list[_Request] = []
         rows: list[torch.Tensor] = []
+        computing = [c for c in step.chunks if c.source is None]
         prefilled: dict[Tokens, torch.Tensor] = {}
+        if computing:
+            chunks = [(c.seq, c.start, c.end) for c in computing]
+            logits = self.runner.prefill(chunks, self.scheduler.max_step_tokens)
+            prefilled = {c.seq: row[None] for c, row in zip(computing, logits, strict=True)}
         for chunk in step.chunks:
             seq = chunk.seq
             if chunk.source is None:
-                logits = prefilled[seq] = self.runner.prefill(seq, chunk.start, chunk.end)
+                logits = prefilled[seq]
                 if self.proposer is not None:
                     self.proposer.prefill(seq, chunk.start, chunk.end)
             else:  # a fork: the source's keys and values, its partial last block copied

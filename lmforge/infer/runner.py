@@ -1,6 +1,6 @@
 """The engine's model runner: forwards over the paged KV cache, and nothing else.
 
-`prefill` computes one chunk of one sequence's tokens from its position on; `decode` computes
+`prefill` computes chunks of sequences' tokens, each from its position on; `decode` computes
 the newest token of many sequences at once, each at its own position, and can be compiled: the
 rows are padded to a power of two (padding rows write to the null block) and the block tables'
 width is symbolic, so a growing context does not recompile. A decode batch's blocks are gathered
@@ -32,6 +32,9 @@ from lmforge.threads import ThreadTrial, using_threads
 # Blocks a decode batch's gathered cache has room for beyond its longest table: each sequence
 # grows into them before the batch is gathered again.
 GROWTH_BLOCKS = 1
+# The most bytes of keys and values a forward of several rows gathers (PagedKVCache.bind): rows
+# that continue long contexts go to a forward in fewer numbers than their new tokens allow.
+GATHER_BYTES = 256 << 20
 TRIAL_STEPS = 8  # decode steps timed at each thread count before one is chosen
 
 if TYPE_CHECKING:
@@ -52,8 +55,48 @@ class ModelRunner:
         self._batch: tuple | None = None  # the decode batch whose blocks the cache has gathered
         self.thread_trials: dict[int, ThreadTrial] = {}  # by row count: compiled CPU steps
 
-    def prefill(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        """Compute seq.tokens[start:end] into its blocks; the logits (1, vocab) after the last."""
+    def prefill(self, chunks: list[tuple[Sequence, int, int]], max_tokens: int) -> torch.Tensor:
+        """Compute each chunk, tokens[start:end] of its sequence, into its blocks: the logits
+        (len(chunks), vocab) after each chunk's last token. Chunks of similar length share a
+        forward of at most `max_tokens` padded tokens (one chunk at least), so that requests
+        admitted together (chat turns after one system prompt) are not prefilled one by one."""
+        size = self.cache.block_size
+        lengths = [end - start for _, start, end in chunks]
+        out: list[torch.Tensor] = [torch.empty(0)] * len(chunks)
+        for group in self.forwards(lengths, [end for _, _, end in chunks], max_tokens):
+            batch = [chunks[i] for i in group]
+            if len(batch) == 1:
+                logits = self._prefill_one(*batch[0])
+            else:  # padding at the rows' ends: branches of their own (see `extend`)
+                tokens = [seq.tokens[start:end] for seq, start, end in batch]
+                logits = self.extend(
+                    [seq.blocks[: -(-end // size)] for seq, _, end in batch],
+                    [start for _, start, _ in batch],
+                    tokens,
+                    torch.tensor([len(t) - 1 for t in tokens], device=self.device),
+                    [[0] * len(t) for t in tokens],
+                )[:, 0]
+            for i, row in zip(group, logits, strict=True):
+                out[i] = row
+        return torch.stack(out)
+
+    def forwards(self, lengths: list[int], ends: list[int], max_tokens: int) -> list[list[int]]:
+        """Rows (their indices) for each forward of `extend`, longest first: at most
+        `max_tokens` tokens once padded to its longest row, and at most GATHER_BYTES of keys and
+        values gathered for rows that reach positions `ends` (one row a forward at least)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        out: list[list[int]] = []
+        for i in order:
+            group = out[-1] if out else []
+            rows = len(group) + 1
+            reach = max([ends[j] for j in group] + [ends[i]]) * self.cache.position_bytes
+            if not group or rows * lengths[group[0]] > max_tokens or rows * reach > GATHER_BYTES:
+                out.append([i])
+            else:
+                group.append(i)
+        return out
+
+    def _prefill_one(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         ids = torch.tensor([seq.tokens[start:end]], dtype=torch.long, device=self.device)
         n_blocks = -(-end // self.cache.block_size)
         self.cache.bind([seq.blocks[:n_blocks]], start, end - start)

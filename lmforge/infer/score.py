@@ -85,7 +85,7 @@ def score(
     ordered = sorted((t for row in trees.values() for t in row), key=lambda t: -t.length)
     results: list[TokenScores | None] = [None] * len(requests)
     with torch.inference_mode():
-        for start, stop in row_batches([t.length for t in ordered], batch_tokens):
+        for start, stop in _batches([t.length for t in ordered], batch_tokens):
             for i, scores in _score_rows(model, ordered[start:stop], requests, top_n):
                 results[i] = scores
     return results  # type: ignore[return-value]
@@ -107,7 +107,7 @@ def check_requests(requests: Sequence[tuple[Sequence[int], Sequence[int]]], limi
             )
 
 
-def row_batches(lengths: list[int], batch_tokens: int) -> list[tuple[int, int]]:
+def _batches(lengths: list[int], batch_tokens: int) -> list[tuple[int, int]]:
     """(start, stop) slices of rows, longest first, each at most `batch_tokens` padded tokens
     (one row at least)."""
     out, start = [], 0

@@ -176,3 +176,20 @@ def test_rows_are_packed_by_the_token_budget_and_equal_scoring_whole(model):
     with Engine(model, NoSpecials()) as engine:
         got = score_over_cache(engine.runner, engine.scheduler, requests, 2, batch_tokens=64)
     assert_same_scores(got, score(model, requests, top_n=2))
+
+
+def test_forwards_hold_the_token_budget_and_the_gather_budget(model, monkeypatch):
+    import lmforge.infer.runner as runner_module
+
+    with Engine(model, NoSpecials()) as engine:
+        runner = engine.runner
+        position = runner.cache.position_bytes
+        monkeypatch.setattr(runner_module, "GATHER_BYTES", 100 * position)
+        lengths, ends = [30, 5, 30, 5, 1, 2], [40, 100, 35, 20, 10, 12]
+        groups = runner.forwards(lengths, ends, max_tokens=64)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    for group in groups:
+        width = max(lengths[i] for i in group)
+        assert len(group) == 1 or len(group) * width <= 64
+        assert len(group) == 1 or len(group) * max(ends[i] for i in group) <= 100
+    assert [0, 2] in groups  # the two 30-token rows, 75 positions gathered at most
