@@ -198,8 +198,8 @@ class ModelRunner:
         tree = None
         if branches is not None:  # padding: one new branch a token
             pads = [range(max(row) + 1, max(row) + 1 + width - len(row)) for row in branches]
-            rows = [[*row, *pad] for row, pad in zip(branches, pads, strict=True)]
-            tree = torch.tensor(rows, dtype=torch.long, device=self.device)
+            trees = [[*row, *pad] for row, pad in zip(branches, pads, strict=True)]
+            tree = torch.tensor(trees, dtype=torch.long, device=self.device)
         logits = self.model(ids, self.cache, logits_at=logits_at, branches=tree)
         if commit:
             self.cache.commit()
