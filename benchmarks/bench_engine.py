@@ -94,10 +94,7 @@ def prefix_part(reps: int) -> dict:
     rng = random.Random(0)
     system = [rng.randrange(4096) for _ in range(1000)]
     prompts = [system + [rng.randrange(4096) for _ in range(24)] for _ in range(16)]
-    engines = {
-        "cached": Engine(model, Bytes(), max_batch_size=16, prefix_caching=True),
-        "uncached": Engine(model, Bytes(), max_batch_size=16, prefix_caching=False),
-    }
+    engines = with_and_without_prefix_caching(model, max_batch_size=16)
     for engine in engines.values():  # the first chat: the system prompt goes into the cache
         ttfts(engine, [[*system, 1, 2, 3]])
     runs: dict[str, list[float]] = {name: [] for name in engines}
@@ -107,16 +104,31 @@ def prefix_part(reps: int) -> dict:
     hit_rate = engines["cached"].prefix_cache_hit_rate
     for engine in engines.values():
         engine.close()
-    ratios = [u / c for u, c in zip(runs["uncached"], runs["cached"], strict=True)]
     return {
         "requests": 16,
         "system_prompt_tokens": 1000,
         "question_tokens": 24,
         "context": 2048,
-        "mean_ttft_s": {name: round(statistics.median(v), 4) for name, v in runs.items()},
-        "mean_ttft_s_all": {name: [round(x, 4) for x in v] for name, v in runs.items()},
+        **side_by_side(runs, "mean_ttft_s", "ttft_uncached_over_cached"),
         "prefix_cache_hit_rate": round(hit_rate, 3),
-        "ttft_uncached_over_cached": round(statistics.median(ratios), 2),
+    }
+
+
+def with_and_without_prefix_caching(model: Transformer, **settings) -> dict[str, Engine]:
+    return {
+        "cached": Engine(model, Bytes(), prefix_caching=True, **settings),
+        "uncached": Engine(model, Bytes(), prefix_caching=False, **settings),
+    }
+
+
+def side_by_side(runs: dict[str, list[float]], seconds: str, ratio: str) -> dict:
+    """Each side's median seconds and every repetition's, and the median of the repetitions'
+    uncached / cached ratios."""
+    ratios = [u / c for u, c in zip(runs["uncached"], runs["cached"], strict=True)]
+    return {
+        seconds: {name: round(statistics.median(v), 4) for name, v in runs.items()},
+        f"{seconds}_all": {name: [round(x, 4) for x in v] for name, v in runs.items()},
+        ratio: round(statistics.median(ratios), 2),
     }
 
 
@@ -128,10 +140,7 @@ def scoring_part(reps: int) -> dict:
     for _ in range(32):
         context = examples + [rng.randrange(4096) for _ in range(40)]
         requests += [(context, [rng.randrange(4096) for _ in range(8)]) for _ in range(4)]
-    engines = {
-        "cached": Engine(model, Bytes(), prefix_caching=True),
-        "uncached": Engine(model, Bytes(), prefix_caching=False),
-    }
+    engines = with_and_without_prefix_caching(model)
     runs: dict[str, list[float]] = {name: [] for name in engines}
     scores = {}
     for _ in range(reps):
@@ -147,7 +156,6 @@ def scoring_part(reps: int) -> dict:
         for x, y in zip(scores["cached"], scores["uncached"], strict=True)
         for a, b in zip(x.logprobs, y.logprobs, strict=True)
     )
-    ratios = [u / c for u, c in zip(runs["uncached"], runs["cached"], strict=True)]
     return {
         "questions": 32,
         "choices": 4,
@@ -155,10 +163,8 @@ def scoring_part(reps: int) -> dict:
         "question_tokens": 40,
         "choice_tokens": 8,
         "context": 2048,
-        "job_s": {name: round(statistics.median(v), 4) for name, v in runs.items()},
-        "job_s_all": {name: [round(x, 4) for x in v] for name, v in runs.items()},
+        **side_by_side(runs, "job_s", "uncached_over_cached"),
         "max_abs_logprob_diff": diff,
-        "uncached_over_cached": round(statistics.median(ratios), 2),
     }
 
 
