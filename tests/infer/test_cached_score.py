@@ -10,7 +10,8 @@ import torch
 from lmforge.infer.cached_score import score_over_cache
 from lmforge.infer.engine import Engine, SamplingParams
 from lmforge.infer.score import score
-from lmforge.model import ModelConfig, Transformer
+from lmforge.model import Transformer
+from tests.infer.scoring_model import scoring_model
 
 BLOCK = 16
 PREFIX = 40  # two full blocks shared, and 8 tokens of a third
@@ -25,11 +26,7 @@ class NoSpecials:
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128
-    )
-    return Transformer(config).eval()
+    return scoring_model(max_seq_len=128)
 
 
 def few_shot(seed: int, questions: int = 6, prefix_seed: int = 1) -> list[tuple[list, list]]:

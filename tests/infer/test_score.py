@@ -5,20 +5,8 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.infer.score import score
-from lmforge.model import ModelConfig, Transformer
-
-
-def model(max_seq_len: int = 48, n_kv_heads: int = 2) -> Transformer:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=97,
-        d_model=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=n_kv_heads,
-        max_seq_len=max_seq_len,
-    )
-    return Transformer(config).eval()
+from lmforge.model import Transformer
+from tests.infer.scoring_model import scoring_model
 
 
 def whole(m: Transformer, context: list[int], continuation: list[int]) -> list[float]:
@@ -46,7 +34,7 @@ def requests(seed: int, n_questions: int, choices: int) -> list[tuple[list[int],
 
 @pytest.mark.parametrize("batch_tokens", [1, 64, 4096])
 def test_scores_equal_whole_sequence_forward(batch_tokens):
-    m = model()
+    m = scoring_model()
     reqs = requests(0, 7, 4)
     scored = score(m, reqs, top_n=3, batch_tokens=batch_tokens)
     for (context, continuation), got in zip(reqs, scored, strict=True):
@@ -61,7 +49,7 @@ def test_scores_equal_whole_sequence_forward(batch_tokens):
 
 
 def test_greedy_continuation_is_greedy_and_windows_are_filled():
-    m = model(max_seq_len=24, n_kv_heads=4)
+    m = scoring_model(max_seq_len=24, n_kv_heads=4)
     context = [5, 6, 7]
     ids = torch.tensor([context])
     with torch.no_grad():
@@ -77,7 +65,7 @@ def test_greedy_continuation_is_greedy_and_windows_are_filled():
 
 
 def test_bad_requests_are_refused():
-    m = model(max_seq_len=16)
+    m = scoring_model(max_seq_len=16)
     with pytest.raises(LmforgeError, match="empty context"):
         score(m, [([], [1])])
     with pytest.raises(LmforgeError, match="left-truncate"):
@@ -85,7 +73,7 @@ def test_bad_requests_are_refused():
 
 
 def test_many_continuations_of_one_context_split_into_rows_of_two_windows():
-    m = model(max_seq_len=16)
+    m = scoring_model(max_seq_len=16)
     context = list(range(1, 11))
     reqs = [(context, [20 + j] * 6) for j in range(8)]  # 10 + 8 x 5 inputs: more than 2 x 16
     for (ctx, continuation), got in zip(reqs, score(m, reqs), strict=True):
