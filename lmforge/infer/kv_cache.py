@@ -58,7 +58,7 @@ class PagedKVCache:
         on_cpu = weight.device.type == "cpu"
         self.attention_isa = cpu_decode.isa_for() if kernel_fits and on_cpu else None
         self._paged = False  # this forward attends through the tables (attend)
-        self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # by (pool, layer), see _gather
+        self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # by (k/v, layer): _gather
 
     @property
     def bytes(self) -> int:
@@ -113,7 +113,7 @@ class PagedKVCache:
             self._copy = self._decode_copy
         else:
             read = self._index(block for table in tables for block in table)
-            self._copy = [self._gather(pool, read, rows, not decode) for pool in self.pools]
+            self._copy = [self._gather(kv, read, rows, not decode) for kv in range(2)]
             if decode:
                 self._decode_copy = self._copy
         width = self._copy[0][0].shape[2]
@@ -122,9 +122,7 @@ class PagedKVCache:
     def _index(self, values: Iterable[int]) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.long, device=self.device)
 
-    def _gather(
-        self, pool: torch.Tensor, read: torch.Tensor, rows: int, scratch: bool
-    ) -> list[torch.Tensor]:
+    def _gather(self, kv: int, read: torch.Tensor, rows: int, scratch: bool) -> list[torch.Tensor]:
         """Each layer's (H_kv, B, W * block_size, D): the blocks of each row, in order.
 
         One tensor per layer, not views of one: a compiled step that writes into a view copies
@@ -135,15 +133,16 @@ class PagedKVCache:
         buffers kept from one bind to the next, since a new tensor of that size is new memory
         from the system each time, whose first writes fault every page in (a 16-row prefill
         over a 1,000-token prompt spent 90 of its 190 ms there)."""
+        pool = self.pools[kv]
         _, h, n, _, d = pool.shape
         copies = []
         for i, layer in enumerate(pool):
             blocks = layer.view(h, n, -1)
             if scratch:
                 size = h * len(read) * blocks.shape[2]
-                buffer = self._scratch.get((id(pool), i))
+                buffer = self._scratch.get((kv, i))
                 if buffer is None or buffer.numel() < size:
-                    buffer = self._scratch[id(pool), i] = blocks.new_empty(size)
+                    buffer = self._scratch[kv, i] = blocks.new_empty(size)
                 out = buffer[:size].view(h, len(read), -1)
                 copy = torch.index_select(blocks, 1, read, out=out)
             else:
