@@ -114,7 +114,10 @@ class ThreadTrial:
         return statistics.median(self.times[count])
 
     def describe(self) -> str:
-        """The choice and its evidence, e.g. `1 (ms per step: 2 threads 812, 1 thread 540)`."""
+        """The choice and its evidence, e.g. `1 (ms per step: 2 threads 812, 1 thread 540)`, or
+        `1 (the only candidate, not timed)`."""
+        if not self.times:
+            return f"{self.threads} (the only candidate, not timed)"
         timed = ", ".join(
             f"{n} thread{'' if n == 1 else 's'} {self.step_time(n) * 1000:.0f}" for n in self.times
         )

@@ -46,7 +46,9 @@ def test_trial_keeps_the_fastest_count(ms_per_step, chosen, tried):
 
 
 def test_one_core_is_chosen_without_a_trial():
-    assert ThreadTrial(1).chosen == 1
+    trial = ThreadTrial(1)
+    assert trial.chosen == 1
+    assert trial.describe() == "1 (the only candidate, not timed)"
 
 
 def test_trial_uses_the_median_of_its_steps():
