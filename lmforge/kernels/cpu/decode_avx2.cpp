@@ -11,10 +11,11 @@ namespace {
 struct Avx2 {
   using reg = __m256;
   static constexpr int W = 8;    // fp32 lanes
-  // (rows of W) x (rows of x) a block works on: eight rows of W at one row of x, within
-  // 16 ymm registers with x's rows (8 rows of x spill either way). 4 streamed a 134M model's
-  // fp32 weights 14-16 % slower at one and two rows (one Zen 3 thread).
-  static constexpr int ACC = 8;
+  // (rows of W) x (rows of x) a block works on, for fp32 weights: eight rows of W at one row of x,
+  // within 16 ymm registers with x's rows. 4 streamed a 134M model's fp32 weights 14-16 % slower
+  // at one and two rows; bf16 weights, which widening keeps bound by instructions, ran 4-7 %
+  // slower with 8 than with 4 (one Zen 3 thread).
+  static constexpr int ACC = 8, ACC_WIDENED = 4;
   static reg zero() { return _mm256_setzero_ps(); }
   static reg load(const float* p) { return _mm256_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }

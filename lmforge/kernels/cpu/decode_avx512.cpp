@@ -11,7 +11,8 @@ namespace {
 struct Avx512 {
   using reg = __m512;
   static constexpr int W = 16;    // fp32 lanes
-  static constexpr int ACC = 8;   // (rows of W) x (rows of x) a block works on at once
+  // (rows of W) x (rows of x) a block works on at once, for fp32 and for bf16 weights
+  static constexpr int ACC = 8, ACC_WIDENED = 8;
   static reg zero() { return _mm512_setzero_ps(); }
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }

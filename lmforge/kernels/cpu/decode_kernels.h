@@ -140,7 +140,8 @@ inline void dense(const float* x, int64_t M, int64_t K, const T* w, bool tiled, 
     using L = decltype(layout);
     with_rows(M, [&](auto rows) {
       constexpr int m = decltype(rows)::value;
-      by_blocks<V::ACC, m>(n0, n1, [&](auto block, int64_t n) {
+      constexpr int acc = std::is_same_v<T, float> ? V::ACC : V::ACC_WIDENED;
+      by_blocks<acc, m>(n0, n1, [&](auto block, int64_t n) {
         dense_block<V, L, T, decltype(block)::value, m>(x, K, w, y, n, N);
       });
     });
