@@ -1,13 +1,17 @@
-"""Spawned process groups on gloo for the parallel tests, and the tiny model they train."""
+"""Process groups on gloo for the parallel tests (ranks forked from a server that has torch
+imported: forked_rank.py), and the tiny model they train."""
 
 import json
+import multiprocessing
 import os
 import socket
-import subprocess
-import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.parallel import forked_rank
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -49,52 +53,56 @@ def launch_env(rank: int, world_size: int, port: int) -> dict:
     }
 
 
+def start_ranks(script: Path, args: list[str], world_size: int, tmp: Path) -> list:
+    """Start `script args` as the `world_size` ranks of a group on this machine, with the
+    environment `torchrun --standalone --nproc-per-node=world_size` gives them (RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT for `init_process_group`), forked from a process
+    that has torch imported (forked_rank.py). Returns (process, log file) per rank."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(forked_rank.PRELOAD)
+    port = free_port()
+    ranks = []
+    for rank in range(world_size):
+        log = tmp / f"rank{rank}_{port}.log"
+        env = launch_env(rank, world_size, port)
+        process = context.Process(
+            target=forked_rank.run_script, args=(str(script), args, env, str(log))
+        )
+        process.start()
+        ranks.append((process, log))
+    return ranks
+
+
+def wait_for_ranks(ranks: list, timeout: float) -> tuple[list[int], list[str]]:
+    """Each rank's exit code and output, once all have exited; a rank still running after
+    `timeout` seconds (from the first wait) is killed."""
+    deadline = time.monotonic() + timeout
+    for process, _ in ranks:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process, _ in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return [p.exitcode for p, _ in ranks], [log.read_text() for _, log in ranks]
+
+
 def spawn_group(world_size: int, runs: list[dict], shard_dir, tmp: Path, timeout: float = 300):
-    """Run `runs` in a group of `world_size` fresh processes; return rank 0's output."""
+    """Run `runs` in a group of `world_size` ranks (worker.py); return their exit codes and
+    outputs."""
     spec = tmp / f"spec_{world_size}_{len(list(tmp.glob('spec_*')))}.json"
     spec.write_text(json.dumps({"shard_dir": str(shard_dir), "model": MODEL, "runs": runs}))
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(spec)],
-            env=launch_env(rank, world_size, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
-    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    return procs, outputs
+    return wait_for_ranks(start_ranks(WORKER, [str(spec)], world_size, tmp), timeout)
 
 
 def run_ranks(script: Path, args: list[str], world_size: int = 2, timeout: float = 120) -> None:
-    """Run `script args` as the `world_size` ranks of a group on this machine, as `torchrun
-    --standalone --nproc-per-node=world_size` would start them (RANK, WORLD_SIZE, MASTER_ADDR
-    and MASTER_PORT for `init_process_group`), without torchrun's own process and rendezvous:
-    about 2 s less a group. Fails with each rank's output if a rank fails or hangs."""
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), *args],
-            env=launch_env(rank, world_size, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    """Run `script args` as the `world_size` ranks of a group (start_ranks). Fails with each
+    rank's output if a rank fails or hangs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        codes, outputs = wait_for_ranks(start_ranks(script, args, world_size, Path(tmp)), timeout)
     failed = [
         f"rank {rank}:\n{out[-3000:]}"
-        for rank, (p, out) in enumerate(zip(procs, outputs, strict=True))
-        if p.returncode
+        for rank, (code, out) in enumerate(zip(codes, outputs, strict=True))
+        if code
     ]
     assert not failed, "\n".join(failed)
 

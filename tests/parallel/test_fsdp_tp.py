@@ -22,8 +22,8 @@ def group(launcher, tmp_path_factory):
         for k, (v, fused) in RUNS.items()
     ]
     runs.append({"out": str(root / "dead_rank"), "train": train, "die": True})
-    procs, outputs = launcher.spawn(4, runs, root)
-    return root, [p.returncode for p in procs], outputs
+    codes, outputs = launcher.spawn(4, runs, root)
+    return root, codes, outputs
 
 
 @pytest.mark.parametrize("name", RUNS)

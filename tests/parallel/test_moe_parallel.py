@@ -55,8 +55,8 @@ def group(launcher, tmp_path_factory):
     runs.append({"out": str(root / "resharded"), "train": {**base, **half}, "model": MOE})
     resumed = {**base, "parallel": "ep=2,fsdp=2"}
     runs.append({"out": str(root / "resharded"), "train": resumed, "model": MOE})
-    procs, outputs = launcher.spawn(2, runs, root)
-    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    codes, outputs = launcher.spawn(2, runs, root)
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     return root
 
 

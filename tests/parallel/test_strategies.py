@@ -77,8 +77,8 @@ def group(launcher, tmp_path_factory):
     zero1 = {**base, "parallel": "dp=2", "zero1": True}
     runs.append({"out": str(root / "zero1_resumed"), "train": {**zero1, "max_steps": 2}})
     runs.append({"out": str(root / "zero1_resumed"), "train": zero1})
-    procs, outputs = launcher.spawn(2, runs, root)
-    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    codes, outputs = launcher.spawn(2, runs, root)
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     return root
 
 
