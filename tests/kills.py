@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from tests import forked
 
 KILLS = int(os.environ.get("LMFORGE_KILLS", "1"))
 SEED = int(os.environ.get("LMFORGE_KILL_SEED", "0"))
@@ -130,10 +131,7 @@ def run_through_kills(
         stdout, stderr = out_dir / f"{n}.out", out_dir / f"{n}.err"
         started = time.time() - 1.0  # mtimes are coarse on some file systems
         before = progress() if progress is not None else 0
-        with open(stdout, "w") as so, open(stderr, "w") as se:
-            proc = subprocess.Popen(
-                command, env=env(), stdout=so, stderr=se, start_new_session=True
-            )
+        proc = forked.start(command, env(), stdout, stderr, new_session=True)
 
         killed, after = False, 0.0
         if log.kills < kills:
@@ -198,10 +196,9 @@ def timed_run(
         if callable(command):
             command()
         else:
-            run = subprocess.run(
-                command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-            assert run.returncode == 0, run.stderr[-3000:]
+            output = folder.parent / f".{folder.name}.timed.log"
+            code = forked.run(command, env(), output, DEADLINE_S)
+            assert code == 0, output.read_text()[-3000:]
     finally:
         end = time.monotonic()
         done.set()

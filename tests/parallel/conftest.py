@@ -1,17 +1,18 @@
 """Process groups on gloo for the parallel tests (ranks forked from a server that has torch
-imported: forked_rank.py), and the tiny model they train."""
+imported: tests/forked.py), and the tiny model they train."""
 
+import contextlib
 import json
-import multiprocessing
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.parallel import forked_rank
+from tests import forked
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -57,19 +58,13 @@ def start_ranks(script: Path, args: list[str], world_size: int, tmp: Path) -> li
     """Start `script args` as the `world_size` ranks of a group on this machine, with the
     environment `torchrun --standalone --nproc-per-node=world_size` gives them (RANK,
     WORLD_SIZE, MASTER_ADDR and MASTER_PORT for `init_process_group`), forked from a process
-    that has torch imported (forked_rank.py). Returns (process, log file) per rank."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(forked_rank.PRELOAD)
+    that has torch imported (tests/forked.py). Returns (process, log file) per rank."""
     port = free_port()
     ranks = []
     for rank in range(world_size):
         log = tmp / f"rank{rank}_{port}.log"
-        env = launch_env(rank, world_size, port)
-        process = context.Process(
-            target=forked_rank.run_script, args=(str(script), args, env, str(log))
-        )
-        process.start()
-        ranks.append((process, log))
+        command = [sys.executable, str(script), *args]
+        ranks.append((forked.start(command, launch_env(rank, world_size, port), log), log))
     return ranks
 
 
@@ -78,12 +73,12 @@ def wait_for_ranks(ranks: list, timeout: float) -> tuple[list[int], list[str]]:
     `timeout` seconds (from the first wait) is killed."""
     deadline = time.monotonic() + timeout
     for process, _ in ranks:
-        process.join(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(TimeoutError):
+            process.wait(max(0.0, deadline - time.monotonic()))
     for process, _ in ranks:
-        if process.is_alive():
+        if process.poll() is None:
             process.kill()
-            process.join()
-    return [p.exitcode for p, _ in ranks], [log.read_text() for _, log in ranks]
+    return [p.returncode for p, _ in ranks], [log.read_text() for _, log in ranks]
 
 
 def spawn_group(world_size: int, runs: list[dict], shard_dir, tmp: Path, timeout: float = 300):
