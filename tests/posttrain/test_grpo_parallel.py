@@ -1,5 +1,6 @@
-"""GRPO under torchrun: `lmforge rl --parallel fsdp=2` and `--parallel dp=2` on 2 gloo processes
-train like one process.
+"""GRPO on 2 gloo processes: `lmforge rl --parallel fsdp=2` and `--parallel dp=2`, on ranks
+started as torchrun starts them (tests/parallel/conftest.py::start_ranks; the pretraining tests
+run torchrun itself), train like one process.
 
 The command line is `lmforge`'s (tests/posttrain/rl_main.py adds the `digits` task, whose reward
 gives an untrained model's groups signal). A step samples 3 prompts × 3 completions, so the 9
@@ -11,16 +12,13 @@ tests/parallel/test_strategies.py): the logged loss to 1e-4 and the final weight
 `Launcher.assert_same_weights`; only the order of floating-point sums differs.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lmforge.cli import main
 from lmforge.train.metrics import read_metrics
-from tests.parallel.conftest import Launcher
+from tests.parallel.conftest import Launcher, start_ranks, wait_for_ranks
 from tests.posttrain.rl_main import digits_task
 
 MAIN = Path(__file__).with_name("rl_main.py")
@@ -55,12 +53,10 @@ def single(base_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
-def _torchrun(base, out: Path, layout: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(MAIN), *flags(base, out), "--parallel", layout]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", LMFORGE_PROGRESS="0")
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+def _ranks(base, out: Path, layout: str) -> tuple[list[int], list[str]]:
+    """The exit code and output of each of the 2 ranks of `rl --parallel layout`."""
+    args = [*flags(base, out), "--parallel", layout]
+    return wait_for_ranks(start_ranks(MAIN, args, 2, out.parent), timeout=240)
 
 
 def _steps(out: Path) -> list[dict]:
@@ -68,11 +64,11 @@ def _steps(out: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("layout", ["fsdp=2", "dp=2"])
-def test_grpo_under_torchrun_trains_like_one_process(layout, single, base_checkpoint, tmp_path):
+def test_grpo_on_two_processes_trains_like_one_process(layout, single, base_checkpoint, tmp_path):
     out = tmp_path / "run"
-    done = _torchrun(base_checkpoint, out, layout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count(f"done: step {STEPS}") == 1  # rank 0 alone reports
+    codes, outputs = _ranks(base_checkpoint, out, layout)
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "".join(outputs).count(f"done: step {STEPS}") == 1  # rank 0 alone reports
     got, want = _steps(out), _steps(single)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))  # rank 0 alone writes metrics
     for a, b in zip(got, want, strict=True):
