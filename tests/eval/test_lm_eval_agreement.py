@@ -312,3 +312,22 @@ def test_lmforge_eval_harness_lm_eval_runs_a_task_yaml(setup, reference, capsys)
     assert main([*args, "--tasks", str(tasks / "agree_mc.yaml")]) == 0
     results = json.loads(capsys.readouterr().out)
     assert results["agree_mc"]["acc,none"] == reference[1]["agree_mc"]["acc,none"]
+
+
+def test_lm_eval_indexes_its_own_tasks_only_when_one_is_named(monkeypatch, tmp_path):
+    """Indexing lm-eval's 14,000 tasks takes ~11 s: YAML files alone skip it."""
+    from lmforge.eval.lm_eval_model import run_lm_eval
+
+    indexed = []
+
+    class Recorder:
+        def __init__(self, include_path=None, include_defaults=True):
+            indexed.append((include_path, include_defaults))
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Recorder)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **_: None)
+    task = tmp_path / "mine.yaml"
+    task.write_text("task: mine\n")
+    run_lm_eval("unused", [str(task)])
+    run_lm_eval("unused", [str(task), "hellaswag"])
+    assert indexed == [([str(tmp_path.resolve())], False), ([str(tmp_path.resolve())], True)]
