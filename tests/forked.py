@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -51,7 +52,7 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self._process.exitcode is None:
-            raise TimeoutError(f"command {self.pid} still runs after {timeout} s")
+            raise subprocess.TimeoutExpired(f"forked command {self.pid}", timeout)
         return self._process.exitcode
 
     def kill(self) -> None:
@@ -62,11 +63,18 @@ class Forked:
 def start(
     command: list[str], env: dict[str, str], stdout: Path, stderr: Path | None = None,
     new_session: bool = False,
-) -> Forked:  # fmt: skip
+) -> Forked | subprocess.Popen:  # fmt: skip
     """Start `command` ([sys.executable, script, *args] or [sys.executable, "-m", module,
     *args]) with `env` as its whole environment, stdout to the file `stdout` and stderr to
-    `stderr` (or the same file)."""
+    `stderr` (or the same file). Elsewhere than on Linux, a plain `subprocess.Popen`: macOS's
+    system frameworks are not safe to use in a process forked without exec."""
     assert command[0] == sys.executable, command
+    if sys.platform != "linux":
+        with open(stdout, "w") as out, open(stderr or os.devnull, "w") as err:
+            errors = err if stderr else subprocess.STDOUT
+            return subprocess.Popen(
+                command, env=env, stdout=out, stderr=errors, start_new_session=new_session
+            )
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     process = context.Process(
@@ -83,7 +91,7 @@ def run(command: list[str], env: dict[str, str], output: Path, timeout: float) -
     forked = start(command, env, output)
     try:
         return forked.wait(timeout)
-    except TimeoutError:
+    except subprocess.TimeoutExpired:
         forked.kill()
         return forked.wait()
 

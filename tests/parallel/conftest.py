@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,11 +74,12 @@ def wait_for_ranks(ranks: list, timeout: float) -> tuple[list[int], list[str]]:
     `timeout` seconds (from the first wait) is killed."""
     deadline = time.monotonic() + timeout
     for process, _ in ranks:
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(max(0.0, deadline - time.monotonic()))
     for process, _ in ranks:
         if process.poll() is None:
             process.kill()
+            process.wait()
     return [p.returncode for p, _ in ranks], [log.read_text() for _, log in ranks]
 
 
