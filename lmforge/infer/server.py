@@ -160,9 +160,10 @@ class _Job:
             try:
                 async for event in choice.handle:
                     queue.put_nowait((choice, event))
-                queue.put_nowait((choice, None))
             except Exception as e:
                 queue.put_nowait((choice, e))
+            finally:  # also when `cancel` stops it: the loop below must not wait for it forever
+                queue.put_nowait((choice, None))
 
         self._tasks = [asyncio.create_task(pump(c)) for c in live]
         running = len(live)

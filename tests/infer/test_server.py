@@ -698,3 +698,22 @@ def test_chat_turns_report_the_prompt_tokens_the_prefix_cache_held(client):
     # The first turn's prompt (its full blocks of 16) came from the cache, not the new message.
     assert first.usage.prompt_tokens - 16 < cached < second.usage.prompt_tokens
     assert cached % 16 == 0
+
+
+def test_a_cancelled_call_of_several_choices_stops_waiting_for_their_events():
+    """A client that hangs up cancels its call's requests and the tasks reading their events
+    (`_Job.cancel`); the call's own loop over the merged events must end then too. It once
+    waited forever for tasks that were cancelled before they said they were done, so the
+    handler outlived its client."""
+    from lmforge.infer.output import RequestHandle
+    from lmforge.infer.server import _Choice, _Job
+
+    async def call() -> None:
+        silent = [RequestHandle(lambda handle: None) for _ in range(2)]  # no event ever comes
+        job = _Job([_Choice(i, handle, stripper=None) for i, handle in enumerate(silent)], 1)
+        merged = asyncio.create_task(anext(job.events(), None))
+        await asyncio.sleep(0.05)  # the readers are waiting on their requests
+        job.cancel()
+        assert await asyncio.wait_for(merged, timeout=5) is None
+
+    asyncio.run(call())

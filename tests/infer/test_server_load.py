@@ -36,8 +36,9 @@ def served(prepared):
     )
     engine = Engine(Transformer(config).eval(), tokenizer, max_batch_size=8)
     app = create_app(engine, tokenizer, MODEL, ServerLimits(max_queue=MAX_QUEUE))
-    # Bounded teardown: once, in a full suite run, a handler outlived its hung-up client and the
-    # server's drain waited on it for the whole test timeout (the engine was already empty).
+    # Bounded teardown: a handler once outlived its hung-up client (a call of several choices
+    # waited on its cancelled readers; test_server.py's test_a_cancelled_call_of_several_...)
+    # and the server's drain waited on it for the whole test timeout.
     with engine, running(app, shutdown_timeout=10) as url:
         yield engine, url
 
