@@ -108,7 +108,7 @@ def _run(args: list[str], env: dict[str, str], stdout: str, stderr: str, new_ses
         opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores it
     import torch
 
     # The server's OpenMP read its environment when torch loaded; the command's asks again.
