@@ -97,10 +97,11 @@ def run_lm_eval(
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    paths = [Path(t) for t in tasks if Path(t).exists()]
-    folders = sorted({str(p.resolve().parent) for p in paths})
-    names = [_task_name(t) if Path(t).exists() else t for t in tasks]
-    manager = TaskManager(include_path=folders or None, include_defaults=len(paths) < len(tasks))
+    files = {t: Path(t) for t in tasks if Path(t).exists()}
+    folders = sorted({str(f.resolve().parent) for f in files.values()})
+    names = [_task_name(t) if t in files else t for t in tasks]
+    named = any(t not in files for t in tasks)
+    manager = TaskManager(include_path=folders or None, include_defaults=named)
     results = lm_eval.simple_evaluate(
         model="lmforge",
         model_args=f"checkpoint={checkpoint}",
