@@ -21,7 +21,11 @@ its first steps at each count, lmforge.infer.runner). The weights read per token
 are the planner's (plan.inference), so each rate is also given as GB/s.
 
 llama.cpp is not a dependency: install it with `pip install llama-cpp-python` (it compiles
-llama.cpp, several minutes). Without it this script says so and exits without writing.
+llama.cpp, several minutes). Without it this script says so and exits without writing. Each
+exported file is first decoded for a few tokens in a child process: on some CPUs with AMX
+(Intel Xeon from Sapphire Rapids on) llama.cpp's AMX kernels crash in their first product
+(llama.cpp issue #20824), and the script then says so and how to rebuild llama.cpp without them
+instead of dying with it.
 Writes benchmarks/results/llamacpp.json.
 
     python benchmarks/bench_llamacpp.py [--reps 5] [--tokens 128] [--threads N]
@@ -34,6 +38,8 @@ import copy
 import datetime
 import os
 import platform
+import signal
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -103,6 +109,54 @@ def llamacpp_rate(llm, prompt: list[int], n: int) -> float:
         if len(times) == n:
             break
     return (len(times) - 1) / (times[-1] - times[0])
+
+
+PROBE = """
+import sys
+from llama_cpp import Llama
+
+llm = Llama(sys.argv[1], n_ctx=64, n_threads=1, n_batch=16, verbose=False)
+for i, _ in enumerate(llm.generate([1, 2, 3], top_k=1, temp=0.0)):
+    if i == 3:
+        break
+"""
+WITHOUT_AMX = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON '
+    '-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_INT8=OFF" '
+    "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+)
+
+
+def decode_failure(files: dict[str, Path], probe: str = PROBE) -> str | None:
+    """Why llama.cpp cannot decode one of `files` (each tried in a child process, so that a
+    crash in llama.cpp does not take this one with it), or None when it decodes them all."""
+    for file_type, path in files.items():
+        child = subprocess.run(
+            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=300
+        )
+        if child.returncode == 0:
+            continue
+        if child.returncode < 0:
+            how = f"it died of {signal.Signals(-child.returncode).name}"
+        else:
+            how = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
+        message = f"llama.cpp cannot decode the {file_type} file on this CPU: {how}"
+        if "AMX_INT8 = 1" in llama_cpp_features():
+            message += (
+                "; its AMX kernels crash on some CPUs (llama.cpp issue #20824): reinstall "
+                f"llama-cpp-python without them, {WITHOUT_AMX}, then run this again"
+            )
+        return message
+    return None
+
+
+def llama_cpp_features() -> str:
+    """llama.cpp's list of the CPU features it was built for ('AVX2 = 1 | ...'), or ''."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return ""
+    return llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
 def bytes_per_token(config: ModelConfig, label: str) -> float:
@@ -183,6 +237,8 @@ def main() -> None:
         for file_type in PAIRS.values():
             files[file_type] = Path(tmp) / f"model-{file_type}.gguf"
             export_gguf(model, tokenizer, files[file_type], file_type)
+        if failure := decode_failure(files):
+            sys.exit(failure)
         models = lmforge_models(model)
         for threads in sorted({1, args.threads}):
             torch.set_num_threads(threads)
@@ -200,6 +256,11 @@ def main() -> None:
         "decode_kernels": cpu_decode.isa_for(),
         "torch": torch.__version__,
         "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_built_for": [
+            part.split("=")[0].strip()
+            for part in llama_cpp_features().split("|")
+            if part.strip().endswith("= 1")
+        ],
         "model": {"d_model": 768, "n_layers": 12, "vocab": 4096, "params": model.num_params()},
         "prompt_tokens": PROMPT,
         "generated_tokens": args.tokens,
