@@ -38,6 +38,7 @@ import copy
 import datetime
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -256,11 +257,7 @@ def main() -> None:
         "decode_kernels": cpu_decode.isa_for(),
         "torch": torch.__version__,
         "llama_cpp_python": llama_cpp.__version__,
-        "llama_cpp_built_for": [
-            part.split("=")[0].strip()
-            for part in llama_cpp_features().split("|")
-            if part.strip().endswith("= 1")
-        ],
+        "llama_cpp_built_for": re.findall(r"(\w+) = 1", llama_cpp_features()),
         "model": {"d_model": 768, "n_layers": 12, "vocab": 4096, "params": model.num_params()},
         "prompt_tokens": PROMPT,
         "generated_tokens": args.tokens,
