@@ -1,5 +1,5 @@
 // The decode kernels (decode_kernels.h) over 16-lane AVX-512 vectors: the integer products in
-// AVX-512 VNNI's vpdpwssd on 256-bit vectors.
+// AVX-512 VNNI's vpdpwssd, on 512-bit vectors for int8 over a tiled weight, else 256-bit ones.
 #include <immintrin.h>
 
 #include "decode_softmax.h"
