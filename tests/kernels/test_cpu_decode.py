@@ -98,6 +98,28 @@ def test_every_kernel_reads_a_tiled_weight_as_its_row_major_one(isa: str, rows: 
     assert torch.equal(cpu_decode.int4_mm(x, tiled, q4.scales, q4.zeros, 64, isa), want)
 
 
+WIDER = [isa for isa in RUNNABLE if isa != "avx2"]
+
+
+@pytest.mark.parametrize("isa", WIDER)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+def test_wider_integer_kernels_sum_as_avx2_does(isa: str, rows: int) -> None:
+    """The same products in the same lanes, added in the same order: equal bit for bit, tiled
+    (where int8 pairs rows in 512-bit vectors) or not, whole blocks and the rows after them.
+    int4's zero points' term, a scalar loop that each instruction set's build compiles its own
+    way, is left out: its last bits may differ."""
+    x = torch.randn(rows, IN)
+    w = torch.randn(72, IN)  # 9 tiles; row ranges of 1 to 8 rows
+    q8, q4 = quantize(w, "int8"), quantize(w, "int4", 64)
+    no_zeros = torch.zeros_like(q4.zeros)
+    for codes in (q8.qweight, cpu_decode.tile(q8.qweight)):
+        want = cpu_decode.int8_mm(x, codes, q8.scales, "avx2")
+        assert torch.equal(cpu_decode.int8_mm(x, codes, q8.scales, isa), want)
+    for codes in (q4.qweight, cpu_decode.tile(q4.qweight)):
+        want = cpu_decode.int4_mm(x, codes, q4.scales, no_zeros, 64, "avx2")
+        assert torch.equal(cpu_decode.int4_mm(x, codes, q4.scales, no_zeros, 64, isa), want)
+
+
 def test_only_whole_tiles_tile_and_a_malformed_tiling_is_refused() -> None:
     assert cpu_decode.can_tile(torch.empty(64, 32))
     assert not cpu_decode.can_tile(torch.empty(OUT, IN))  # 67 rows: not whole tiles of 8
