@@ -8,13 +8,20 @@ serve any later request whose tokens begin the same way: automatic prefix cachin
 reference-counted; a cached block that no request holds stays in the pool until a new block is
 needed and it is the least recently used.
 
+Free blocks are handed out lowest first. The sequences of a decode batch grow in step, so they
+take neighbouring blocks, which the attention kernel then reads one after another. Handed out
+in the order they were freed, an engine's blocks scatter over its first rounds: on an Intel Xeon
+an engine's third and fourth rounds of 512 rows (a 5M model, 128 tokens each) took 9.1-9.4 s,
+and 8.1-8.6 s lowest first (a fresh engine's first round: 8.5 s).
+
 Pure Python, no tensors: the scheduler and its tests use it without a model. Block 0 is never
 handed out: the runner points padding rows at it, so their writes land nowhere that matters.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 
 NULL_BLOCK = 0
@@ -34,7 +41,7 @@ class BlockPool:
         self.block_size = block_size
         self._refs = [0] * n_blocks
         self._key: list[int | None] = [None] * n_blocks  # a full block's chain hash, if cached
-        self._free = deque(range(1, n_blocks))  # unheld and holding nothing worth keeping
+        self._free = list(range(1, n_blocks))  # a heap: unheld, holding nothing worth keeping
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unheld cached, oldest first
         self._cached: dict[int, int] = {}  # chain hash -> block
         self.queried_tokens = self.hit_tokens = 0  # prefix-cache lookups, for its hit rate
@@ -60,7 +67,7 @@ class BlockPool:
         blocks = []
         for _ in range(n):
             if self._free:
-                block = self._free.popleft()
+                block = heapq.heappop(self._free)
             else:
                 block, _ = self._evictable.popitem(last=False)
                 del self._cached[self._key[block]]
@@ -81,7 +88,7 @@ class BlockPool:
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 if self._key[block] is None:
-                    self._free.append(block)
+                    heapq.heappush(self._free, block)
                 else:
                     self._evictable[block] = None
 
@@ -116,7 +123,7 @@ class BlockPool:
     def clear_cache(self) -> None:
         """Forget every cached block (new weights make their keys and values stale)."""
         for block in self._evictable:
-            self._free.append(block)
+            heapq.heappush(self._free, block)
         self._evictable.clear()
         for block in self._cached.values():
             self._key[block] = None

@@ -51,6 +51,20 @@ def test_blocks_are_counted_shared_cached_and_evicted_least_recently_used_first(
     assert pool.lookup([100]) == [] and pool.lookup([200]) == [b[0]]
 
 
+def test_free_blocks_are_handed_out_lowest_first_whatever_order_they_were_freed_in():
+    """Sequences decoded together grow in step: lowest first gives them neighbouring blocks."""
+    pool = BlockPool(n_blocks=1 + 8, block_size=4)
+    held = [pool.allocate(2) for _ in range(4)]
+    assert held == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    for blocks in (held[2], held[0], held[3]):
+        pool.release(blocks)
+    assert [pool.allocate(1)[0] for _ in range(4)] == [1, 2, 5, 6]
+    pool.register(held[1][0], 300)
+    pool.release(held[1])
+    pool.clear_cache()  # new weights: the cached block is free again, in its place
+    assert pool.allocate(3) == [3, 4, 7]
+
+
 def test_admission_asks_for_the_blocks_of_its_tokens_not_of_its_longest_length():
     pool = BlockPool(n_blocks=1 + 8, block_size=16)  # 128 positions
     scheduler = Scheduler(pool, max_seqs=8, max_step_tokens=512)
