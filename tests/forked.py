@@ -47,7 +47,7 @@ class Forked:
         return self._process.exitcode
 
     def poll(self) -> int | None:
-        return self._process.exitcode
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
